@@ -1,0 +1,263 @@
+// Package bucket implements tokenserver's six rate-limiting algorithms as pure
+// value types whose every operation takes the current time as an argument.
+//
+// A bucket is the state of one (rule, key) pair. It holds no configuration
+// and no lock: every method takes the *Config it is judged against and `now`,
+// int64 monotonic nanoseconds chosen by the caller. A `now` earlier than the
+// latest one a bucket has seen counts as that latest one, so a clock that
+// jumps backwards never mints tokens. Buckets start no goroutines and use
+// constant memory, except SlidingLog and Concurrency, whose memory is
+// O(Config.Limit) (their limits are capped, see MaxLogLimit and
+// MaxConcurrencyLimit). Callers serialize access (internal/shard holds a mutex
+// per shard).
+//
+// The algorithms are written here rather than taken from a library because
+// none offers explicit time, refill of a named grant, reservation, warm-up
+// and a check for "back at the initial state" (for eviction) together;
+// golang.org/x/time/rate, which the client SDK uses for local fallback, has
+// only the token bucket.
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Algorithm names how a bucket counts.
+type Algorithm uint8
+
+// The algorithms. Their numbers match tokenserver.v1.Algorithm.
+const (
+	// Unspecified is the zero Algorithm; it is never valid.
+	Unspecified Algorithm = iota
+	// TokenBucket bursts up to Burst and refills continuously at Limit per
+	// Period; with MaxWait it reserves future tokens (Guava's acquire); with
+	// Warmup a cold key starts at a third of the rate (Sentinel's
+	// WarmUpController, Guava's SmoothWarmingUp with cold factor 3).
+	TokenBucket
+	// LeakyBucket lets permits through at a constant rate of one every
+	// Period/Limit, without bursts; with MaxWait it reserves the earliest free
+	// slot and answers how long to wait (shaping).
+	LeakyBucket
+	// FixedWindow counts permits per Period-aligned window; up to 2x Limit can
+	// pass in one Period across a window boundary.
+	FixedWindow
+	// SlidingWindow counts per SampleCount sub-windows of Period/SampleCount
+	// and admits while the last SampleCount sub-windows hold under Limit
+	// (Sentinel's LeapArray).
+	SlidingWindow
+	// SlidingLog logs every admitted permit: never more than Limit admitted in
+	// any window of length Period.
+	SlidingLog
+	// Concurrency counts leases in flight: at most Limit at once, each living
+	// Period unless renewed.
+	Concurrency
+)
+
+// Caps on the algorithms whose memory grows with the limit.
+const (
+	// MaxLogLimit is the largest Limit of a SlidingLog bucket.
+	MaxLogLimit = 10_000
+	// MaxConcurrencyLimit is the largest Limit of a Concurrency bucket.
+	MaxConcurrencyLimit = 10_000
+	// MaxSampleCount is the largest SlidingWindow SampleCount.
+	MaxSampleCount = 1_000
+	// DefaultSampleCount is the SlidingWindow SampleCount when none is given.
+	DefaultSampleCount = 10
+	// ColdFactor is the warm-up cold factor: a cold key is admitted at
+	// 1/ColdFactor of the rate.
+	ColdFactor = 3
+)
+
+var algorithmNames = [...]string{"unspecified", "token-bucket", "leaky-bucket", "fixed-window", "sliding-window", "sliding-log", "concurrency"}
+
+// String returns the algorithm's name as tokenctl spells it (token-bucket).
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm reads a name as String returns it.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for i, n := range algorithmNames {
+		if i > 0 && n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return Unspecified, fmt.Errorf("unknown algorithm %q (want token-bucket, leaky-bucket, fixed-window, sliding-window, sliding-log or concurrency)", s)
+}
+
+// Config is the limit a bucket enforces. Build it once per rule (and per
+// override) and pass the same pointer to every call; call Validate first:
+// the methods of Bucket assume a valid Config.
+type Config struct {
+	// Algorithm is how the bucket counts.
+	Algorithm Algorithm
+	// Limit is the number of permits per Period; for Concurrency the number
+	// of leases held at once.
+	Limit int64
+	// Period is in nanoseconds; for Concurrency the lifetime of a lease.
+	Period int64
+	// Burst is the capacity: the largest burst of a TokenBucket and the most
+	// permits one LeakyBucket request may take. 0 means Limit. Ignored by the
+	// other algorithms, whose capacity is Limit.
+	Burst int64
+	// SampleCount is the number of SlidingWindow sub-windows per Period; it
+	// must divide Period. 0 means DefaultSampleCount.
+	SampleCount int64
+	// Warmup, in nanoseconds, turns on TokenBucket warm-up. 0 means none.
+	Warmup int64
+}
+
+// Capacity is the most permits one request can ever be granted: Burst (or
+// Limit) for the buckets, Limit for windows, logs and concurrency.
+func (c *Config) Capacity() int64 {
+	if (c.Algorithm == TokenBucket || c.Algorithm == LeakyBucket) && c.Burst > 0 {
+		return c.Burst
+	}
+	return c.Limit
+}
+
+// Samples is SampleCount with its default applied.
+func (c *Config) Samples() int64 {
+	if c.SampleCount > 0 {
+		return c.SampleCount
+	}
+	return DefaultSampleCount
+}
+
+// Validate reports the first problem with c, naming the field.
+func (c *Config) Validate() error {
+	switch {
+	case c.Algorithm == Unspecified || c.Algorithm > Concurrency:
+		return fmt.Errorf("algorithm: %w", ErrUnknownAlgorithm)
+	case c.Limit <= 0:
+		return fmt.Errorf("limit must be > 0, got %d", c.Limit)
+	case c.Period <= 0:
+		return fmt.Errorf("period must be > 0, got %v", time.Duration(c.Period))
+	case c.Burst < 0:
+		return fmt.Errorf("burst must be >= 0, got %d", c.Burst)
+	case c.SampleCount < 0 || c.SampleCount > MaxSampleCount:
+		return fmt.Errorf("sample_count must be between 1 and %d, got %d", MaxSampleCount, c.SampleCount)
+	case c.Warmup < 0:
+		return fmt.Errorf("warmup must be >= 0, got %v", time.Duration(c.Warmup))
+	case c.Warmup > 0 && c.Algorithm != TokenBucket:
+		return fmt.Errorf("warmup applies to token-bucket only, not %s", c.Algorithm)
+	case c.Algorithm == SlidingWindow && c.Period%c.Samples() != 0:
+		return fmt.Errorf("sample_count %d must divide the period %v", c.Samples(), time.Duration(c.Period))
+	case c.Algorithm == SlidingWindow && c.Period/c.Samples() < int64(time.Microsecond):
+		return fmt.Errorf("period %v / sample_count %d is under 1µs", time.Duration(c.Period), c.Samples())
+	case c.Algorithm == SlidingLog && c.Limit > MaxLogLimit:
+		return fmt.Errorf("limit %d is above the sliding-log cap of %d", c.Limit, MaxLogLimit)
+	case c.Algorithm == Concurrency && c.Limit > MaxConcurrencyLimit:
+		return fmt.Errorf("limit %d is above the concurrency cap of %d", c.Limit, MaxConcurrencyLimit)
+	case c.Algorithm == LeakyBucket && c.Period/c.Limit < 1:
+		return fmt.Errorf("limit %d per period %v is above one permit per nanosecond", c.Limit, time.Duration(c.Period))
+	}
+	return nil
+}
+
+// Errors of Validate and of requests.
+var (
+	// ErrUnknownAlgorithm means the Config names no algorithm this package has.
+	ErrUnknownAlgorithm = errors.New("unknown algorithm")
+)
+
+// Request is one acquire.
+type Request struct {
+	// Permits wanted; 0 peeks (state only, nothing consumed). The caller
+	// rejects Permits < 0, and Permits > Capacity() unless Partial.
+	Permits int64
+	// Partial accepts fewer than Permits (TokenBucket, FixedWindow,
+	// SlidingWindow; the others ignore it). A partial grant takes what is
+	// there and is allowed when at least one permit is granted.
+	Partial bool
+	// MaxWait, in nanoseconds (at most Period), lets TokenBucket (without
+	// warm-up) and LeakyBucket grant permits that become available within
+	// MaxWait; the Result's WaitBefore says how long the caller waits first.
+	// The others ignore it.
+	MaxWait int64
+	// LeaseID names the lease a Concurrency grant creates (unique among the
+	// bucket's live leases; chosen by the caller). Others ignore it.
+	LeaseID uint64
+}
+
+// Result is the answer to a Request. Durations are in nanoseconds.
+type Result struct {
+	// Allowed is true when Granted > 0, or for an allowed peek.
+	Allowed bool
+	// Granted is the number of permits granted (0 when denied or peeking).
+	Granted int64
+	// Remaining is how many permits could still be granted now (floor).
+	Remaining int64
+	// RetryAfter, when denied, is how long until the same request could be
+	// granted (for Concurrency, until the oldest lease expires).
+	RetryAfter int64
+	// ResetAfter is how long until the bucket is back at its initial state if
+	// nothing more is taken.
+	ResetAfter int64
+	// WaitBefore, for a shaped grant, is how long the caller must wait before
+	// using it.
+	WaitBefore int64
+}
+
+// Grant describes an earlier grant being given back; the caller keeps it
+// (internal/shard encodes it into the grant id).
+type Grant struct {
+	// IssuedAt is the `now` of the Acquire that made the grant.
+	IssuedAt int64
+	// Permits is what that Acquire granted.
+	Permits int64
+	// LeaseID is the Request.LeaseID of a Concurrency grant.
+	LeaseID uint64
+}
+
+// Bucket is the state of one (rule, key) pair under one algorithm. Make one
+// with New; the Config passed to each call must have the Algorithm the bucket
+// was made for.
+type Bucket interface {
+	// Acquire decides a request. A denied request changes nothing.
+	Acquire(c *Config, now int64, r Request) Result
+	// Refill gives back up to `permits` of grant g and returns how many went
+	// back: never more than g.Permits, never above capacity, and nothing once
+	// the grant's window has passed (TokenBucket: one Period after IssuedAt;
+	// LeakyBucket: its reserved slots are in the past; windows: its
+	// (sub-)window left the count; SlidingLog: its log entries expired). For
+	// Concurrency it ends the lease and returns its permits (0 if it had
+	// expired). Refill does not remember grants: the caller gives each grant
+	// back at most once.
+	Refill(c *Config, now int64, g Grant, permits int64) int64
+	// Renew extends the Concurrency lease g to now+Period and reports whether
+	// it was still live. Other algorithms return false.
+	Renew(c *Config, now int64, g Grant) bool
+	// Reconfigure moves the bucket from Config old to new (same Algorithm),
+	// keeping its state clamped to the new capacity.
+	Reconfigure(old, new *Config, now int64)
+	// Idle reports whether the bucket is back at its initial state (a full
+	// token bucket, an empty window, no live leases), so that dropping it and
+	// making a new one later changes no decision.
+	Idle(c *Config, now int64) bool
+}
+
+// New returns a bucket in its initial state for c (full, empty, or cold for
+// warm-up), or nil for an unknown algorithm.
+func New(c *Config, now int64) Bucket {
+	switch c.Algorithm {
+	case TokenBucket:
+		return newTokenBucket(c, now)
+	case LeakyBucket:
+		return newLeakyBucket(c, now)
+	case FixedWindow:
+		return newFixedWindow(c, now)
+	case SlidingWindow:
+		return newSlidingWindow(c, now)
+	case SlidingLog:
+		return newSlidingLog(c, now)
+	case Concurrency:
+		return newConcurrency(c, now)
+	}
+	return nil
+}

@@ -1,0 +1,310 @@
+// Package rule defines tokenserver's rules: the Rule type with its defaults and
+// validation, the compiled Table the data plane reads, and the Store interface
+// that keeps rules (in memory here, replicated by Raft in internal/raftfsm).
+package rule
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+)
+
+// Limits on what a rule may hold.
+const (
+	// MaxNameLen is the longest rule name.
+	MaxNameLen = 128
+	// MaxKeyLen is the longest key, in bytes.
+	MaxKeyLen = 256
+	// MaxListLen is the most overrides, deny or allow entries a rule has.
+	MaxListLen = 10_000
+	// DefaultLogMaxKeys is MaxKeys for a sliding-log rule that sets none.
+	DefaultLogMaxKeys = 10_000
+)
+
+// FallbackPolicy is what a client SDK does when it cannot reach the server.
+type FallbackPolicy uint8
+
+// The fallback policies; numbers match tokenserver.v1.FallbackPolicy.
+const (
+	// FallbackUnspecified lets the client decide (the SDK's option, else allow).
+	FallbackUnspecified FallbackPolicy = iota
+	// FallbackAllow admits everything.
+	FallbackAllow
+	// FallbackDeny denies everything.
+	FallbackDeny
+	// FallbackLocal throttles locally at Fallback.Limit per period per client.
+	FallbackLocal
+)
+
+var fallbackNames = [...]string{"", "allow", "deny", "local"}
+
+// String returns the policy as tokenctl spells it.
+func (p FallbackPolicy) String() string {
+	if int(p) < len(fallbackNames) {
+		return fallbackNames[p]
+	}
+	return fmt.Sprintf("fallback(%d)", uint8(p))
+}
+
+// ParseFallbackPolicy reads "allow", "deny" or "local".
+func ParseFallbackPolicy(s string) (FallbackPolicy, error) {
+	for i, n := range fallbackNames {
+		if i > 0 && n == s {
+			return FallbackPolicy(i), nil
+		}
+	}
+	return FallbackUnspecified, fmt.Errorf("unknown fallback policy %q (want allow, deny or local)", s)
+}
+
+// Rule is a named limit. Its zero value is not valid; see Validate.
+type Rule struct {
+	// Name is 1 to MaxNameLen characters of [A-Za-z0-9_.:-].
+	Name string
+	// Algorithm is how the rule counts.
+	Algorithm bucket.Algorithm
+	// Limit is permits per Period (leases at once for Concurrency).
+	Limit int64
+	// Period is the limit's period (a lease's lifetime for Concurrency).
+	Period time.Duration
+	// Burst is the capacity of token and leaky buckets; 0 means Limit.
+	Burst int64
+	// SampleCount is the sliding window's sub-windows; 0 means the default.
+	SampleCount int64
+	// Warmup turns on token-bucket warm-up.
+	Warmup time.Duration
+	// Penalty locks a key out for this long after its first denial.
+	Penalty time.Duration
+	// MaxKeys caps the keys the rule holds on one node; 0 means none (for
+	// sliding log: DefaultLogMaxKeys).
+	MaxKeys int64
+	// Overrides give keys their own limit.
+	Overrides []Override
+	// Deny lists keys that are always denied.
+	Deny []string
+	// Allow lists keys that are always allowed.
+	Allow []string
+	// Shadow decides and counts but always allows.
+	Shadow bool
+	// Fallback is the clients' policy when the server is unreachable.
+	Fallback Fallback
+	// Lease caps client-side leasing.
+	Lease Lease
+	// Version is the version of the rule's last change (set by the Store).
+	Version uint64
+	// Generation is the version at which the rule was created (set by the
+	// Store); buckets belong to one generation.
+	Generation uint64
+}
+
+// Override gives one key its own limit and burst.
+type Override struct {
+	Key   string
+	Limit int64
+	// Burst defaults to the override's Limit.
+	Burst int64
+}
+
+// Fallback is a rule's client-side fallback policy.
+type Fallback struct {
+	Policy FallbackPolicy
+	// Limit is, for FallbackLocal, what each client instance admits per
+	// Period on its own.
+	Limit int64
+}
+
+// Lease caps how much a client may lease and for how long; zero disables it.
+type Lease struct {
+	MaxBatch int64
+	TTL      time.Duration
+}
+
+// Errors of the Store and of validation. Each is wrapped with context; test
+// with errors.Is.
+var (
+	// ErrInvalid means a rule or request is malformed; the message says why.
+	ErrInvalid = errors.New("invalid")
+	// ErrNotFound means no rule has the name.
+	ErrNotFound = errors.New("rule not found")
+	// ErrVersionMismatch means an expected_version did not match.
+	ErrVersionMismatch = errors.New("version mismatch")
+	// ErrNoLeader means the write cannot be made now; retry.
+	ErrNoLeader = errors.New("no leader")
+)
+
+// Invalid wraps a message as an ErrInvalid error.
+func Invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// ValidName reports whether s may name a rule.
+func ValidName(s string) error {
+	if s == "" {
+		return Invalid("rule name is empty")
+	}
+	if len(s) > MaxNameLen {
+		return Invalid("rule name is %d characters, above the limit of %d", len(s), MaxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-') {
+			return Invalid("rule name %q: character %q at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
+		}
+	}
+	return nil
+}
+
+// ValidKey reports whether s may be a key.
+func ValidKey(s string) error {
+	if p := keyProblem(s); p != "" {
+		return Invalid("%s", p)
+	}
+	return nil
+}
+
+func keyProblem(s string) string {
+	if s == "" {
+		return "key is empty"
+	}
+	if len(s) > MaxKeyLen {
+		return fmt.Sprintf("key is %d bytes, above the limit of %d", len(s), MaxKeyLen)
+	}
+	return ""
+}
+
+// Config returns the bucket configuration of the rule's default limit.
+func (r *Rule) Config() bucket.Config {
+	return bucket.Config{
+		Algorithm:   r.Algorithm,
+		Limit:       r.Limit,
+		Period:      int64(r.Period),
+		Burst:       r.Burst,
+		SampleCount: r.SampleCount,
+		Warmup:      int64(r.Warmup),
+	}
+}
+
+// overrideConfig returns the bucket configuration of an override.
+func (r *Rule) overrideConfig(o Override) bucket.Config {
+	c := r.Config()
+	c.Limit = o.Limit
+	c.Burst = o.Burst
+	if c.Burst == 0 {
+		c.Burst = o.Limit
+	}
+	return c
+}
+
+// EffectiveMaxKeys is MaxKeys with the sliding-log default applied; 0 is no cap.
+func (r *Rule) EffectiveMaxKeys() int64 {
+	if r.MaxKeys == 0 && r.Algorithm == bucket.SlidingLog {
+		return DefaultLogMaxKeys
+	}
+	return r.MaxKeys
+}
+
+// Validate reports the first problem with the rule as an ErrInvalid error
+// whose message names the field.
+func (r *Rule) Validate() error {
+	if err := ValidName(r.Name); err != nil {
+		return err
+	}
+	c := r.Config()
+	if err := c.Validate(); err != nil {
+		return Invalid("rule %q: %v", r.Name, err)
+	}
+	switch {
+	case r.Penalty < 0:
+		return Invalid("rule %q: penalty must be >= 0, got %v", r.Name, r.Penalty)
+	case r.MaxKeys < 0:
+		return Invalid("rule %q: max_keys must be >= 0, got %d", r.Name, r.MaxKeys)
+	case len(r.Overrides) > MaxListLen:
+		return Invalid("rule %q: %d overrides, above the limit of %d", r.Name, len(r.Overrides), MaxListLen)
+	case len(r.Deny) > MaxListLen:
+		return Invalid("rule %q: %d deny entries, above the limit of %d", r.Name, len(r.Deny), MaxListLen)
+	case len(r.Allow) > MaxListLen:
+		return Invalid("rule %q: %d allow entries, above the limit of %d", r.Name, len(r.Allow), MaxListLen)
+	case r.Fallback.Policy > FallbackLocal:
+		return Invalid("rule %q: fallback.policy %d is unknown", r.Name, r.Fallback.Policy)
+	case r.Fallback.Limit < 0:
+		return Invalid("rule %q: fallback.limit must be >= 0, got %d", r.Name, r.Fallback.Limit)
+	case r.Fallback.Policy == FallbackLocal && r.Fallback.Limit == 0:
+		return Invalid("rule %q: fallback.limit must be > 0 with the local fallback policy", r.Name)
+	case r.Fallback.Policy != FallbackLocal && r.Fallback.Limit != 0:
+		return Invalid("rule %q: fallback.limit applies to the local fallback policy only", r.Name)
+	case r.Lease.MaxBatch < 0:
+		return Invalid("rule %q: lease.max_batch must be >= 0, got %d", r.Name, r.Lease.MaxBatch)
+	case r.Lease.TTL < 0:
+		return Invalid("rule %q: lease.ttl must be >= 0, got %v", r.Name, r.Lease.TTL)
+	case r.Lease.MaxBatch > 0 && r.Lease.TTL == 0:
+		return Invalid("rule %q: lease.ttl must be > 0 when lease.max_batch is set", r.Name)
+	case r.Lease.MaxBatch > 0 && !leasable(r.Algorithm):
+		return Invalid("rule %q: leases apply to token-bucket, fixed-window and sliding-window, not %s", r.Name, r.Algorithm)
+	case r.Lease.TTL > r.Period:
+		return Invalid("rule %q: lease.ttl %v is longer than the period %v", r.Name, r.Lease.TTL, r.Period)
+	case r.Lease.MaxBatch > c.Capacity():
+		return Invalid("rule %q: lease.max_batch %d is above the capacity %d", r.Name, r.Lease.MaxBatch, c.Capacity())
+	}
+	seen := make(map[string]struct{}, len(r.Overrides))
+	for i, o := range r.Overrides {
+		if p := keyProblem(o.Key); p != "" {
+			return Invalid("rule %q: overrides[%d]: %s", r.Name, i, p)
+		}
+		if _, dup := seen[o.Key]; dup {
+			return Invalid("rule %q: overrides[%d]: key %q appears twice", r.Name, i, o.Key)
+		}
+		seen[o.Key] = struct{}{}
+		oc := r.overrideConfig(o)
+		if err := oc.Validate(); err != nil {
+			return Invalid("rule %q: overrides[%d] (key %q): %v", r.Name, i, o.Key, err)
+		}
+	}
+	for _, l := range []struct {
+		field string
+		keys  []string
+	}{{"deny", r.Deny}, {"allow", r.Allow}} {
+		for i, k := range l.keys {
+			if p := keyProblem(k); p != "" {
+				return Invalid("rule %q: %s[%d]: %s", r.Name, l.field, i, p)
+			}
+		}
+	}
+	return nil
+}
+
+func leasable(a bucket.Algorithm) bool {
+	return a == bucket.TokenBucket || a == bucket.FixedWindow || a == bucket.SlidingWindow
+}
+
+// Clone returns a deep copy of r.
+func (r *Rule) Clone() *Rule {
+	c := *r
+	c.Overrides = append([]Override(nil), r.Overrides...)
+	c.Deny = append([]string(nil), r.Deny...)
+	c.Allow = append([]string(nil), r.Allow...)
+	return &c
+}
+
+// Normalize sorts the lists and drops duplicate deny and allow entries, so
+// equal rules compare equal. It does not validate.
+func (r *Rule) Normalize() {
+	sort.Slice(r.Overrides, func(i, j int) bool { return r.Overrides[i].Key < r.Overrides[j].Key })
+	r.Deny = sortedUnique(r.Deny)
+	r.Allow = sortedUnique(r.Allow)
+}
+
+func sortedUnique(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	sort.Strings(s)
+	out := s[:1]
+	for _, v := range s[1:] {
+		if v != out[len(out)-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}

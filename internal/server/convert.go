@@ -1,0 +1,107 @@
+package server
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/rule"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// RuleFromProto converts a wire rule into a rule.Rule (not yet validated).
+// Version and Generation are output only and not read.
+func RuleFromProto(p *pb.Rule) *rule.Rule {
+	r := &rule.Rule{
+		Name:        p.GetName(),
+		Algorithm:   bucket.Algorithm(p.GetAlgorithm()),
+		Limit:       p.GetLimit(),
+		Period:      dur(p.GetPeriod()),
+		Burst:       p.GetBurst(),
+		SampleCount: int64(p.GetSampleCount()),
+		Warmup:      dur(p.GetWarmup()),
+		Penalty:     dur(p.GetPenalty()),
+		MaxKeys:     p.GetMaxKeys(),
+		Deny:        append([]string(nil), p.GetDeny()...),
+		Allow:       append([]string(nil), p.GetAllow()...),
+		Shadow:      p.GetShadow(),
+		Fallback: rule.Fallback{
+			Policy: rule.FallbackPolicy(p.GetFallback().GetPolicy()),
+			Limit:  p.GetFallback().GetLimit(),
+		},
+		Lease: rule.Lease{
+			MaxBatch: p.GetLease().GetMaxBatch(),
+			TTL:      dur(p.GetLease().GetTtl()),
+		},
+	}
+	if int(p.GetAlgorithm()) > int(bucket.Concurrency) || p.GetAlgorithm() < 0 {
+		r.Algorithm = bucket.Algorithm(255) // fails validation as unknown
+	}
+	for _, o := range p.GetOverrides() {
+		r.Overrides = append(r.Overrides, rule.Override{Key: o.GetKey(), Limit: o.GetLimit(), Burst: o.GetBurst()})
+	}
+	return r
+}
+
+// dur reads a Duration; an invalid one (nanos out of range) becomes -1 so
+// that validation refuses it.
+func dur(d *durationpb.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	if err := d.CheckValid(); err != nil {
+		return -1
+	}
+	return d.AsDuration()
+}
+
+// RuleToProto converts a rule.Rule to the wire form.
+func RuleToProto(r *rule.Rule) *pb.Rule {
+	p := &pb.Rule{
+		Name:        r.Name,
+		Algorithm:   pb.Algorithm(r.Algorithm),
+		Limit:       r.Limit,
+		Period:      durationpb.New(r.Period),
+		Burst:       r.Burst,
+		SampleCount: int32(r.SampleCount),
+		MaxKeys:     r.MaxKeys,
+		Deny:        append([]string(nil), r.Deny...),
+		Allow:       append([]string(nil), r.Allow...),
+		Shadow:      r.Shadow,
+		Version:     r.Version,
+		Generation:  r.Generation,
+	}
+	if r.Warmup != 0 {
+		p.Warmup = durationpb.New(r.Warmup)
+	}
+	if r.Penalty != 0 {
+		p.Penalty = durationpb.New(r.Penalty)
+	}
+	if r.Fallback != (rule.Fallback{}) {
+		p.Fallback = &pb.Fallback{Policy: pb.FallbackPolicy(r.Fallback.Policy), Limit: r.Fallback.Limit}
+	}
+	if r.Lease != (rule.Lease{}) {
+		p.Lease = &pb.LeaseSettings{MaxBatch: r.Lease.MaxBatch, Ttl: durationpb.New(r.Lease.TTL)}
+	}
+	for _, o := range r.Overrides {
+		p.Overrides = append(p.Overrides, &pb.Override{Key: o.Key, Limit: o.Limit, Burst: o.Burst})
+	}
+	return p
+}
+
+// clientRule is the part of a rule that clients read in the cluster view.
+func clientRule(r *rule.Rule) *pb.ClientRule {
+	full := RuleToProto(r)
+	cfg := r.Config()
+	return &pb.ClientRule{
+		Name:      r.Name,
+		Algorithm: full.Algorithm,
+		Limit:     r.Limit,
+		Period:    full.Period,
+		Burst:     cfg.Capacity(),
+		Fallback:  full.Fallback,
+		Lease:     full.Lease,
+		Version:   r.Version,
+	}
+}

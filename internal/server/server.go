@@ -1,0 +1,362 @@
+// Package server wires a tokenserver node: the gRPC TokenService and
+// AdminService over the shard map and the rule store, health and
+// reflection, the HTTP endpoints, and the mapping of errors to gRPC codes.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/shard"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// Config configures a Node. Start from DefaultConfig.
+type Config struct {
+	// NodeID names the node in the cluster view.
+	NodeID string
+	// GRPCAddr is where TokenService and AdminService listen.
+	GRPCAddr string
+	// HTTPAddr is where /healthz and /readyz listen; empty disables HTTP.
+	HTTPAddr string
+	// AdvertiseGRPC is the gRPC address other nodes and clients dial; empty
+	// means the listen address.
+	AdvertiseGRPC string
+	// MaxBuckets caps live buckets on the node (0: no cap).
+	MaxBuckets int64
+	// Shards is the number of bucket lock stripes (0: shard.DefaultShards).
+	Shards int
+	// MaxRecvMsgSize is the largest request the server reads, in bytes.
+	MaxRecvMsgSize int
+	// DefaultDeadline bounds calls that carry no deadline.
+	DefaultDeadline time.Duration
+	// SweepInterval is how often idle buckets are evicted.
+	SweepInterval time.Duration
+	// ShutdownGrace is how long a graceful stop waits for calls in flight.
+	ShutdownGrace time.Duration
+	// Logger receives the node's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Clock returns monotonic nanoseconds; nil means the process clock.
+	// Tests pass a fake.
+	Clock func() int64
+}
+
+// DefaultConfig returns the configuration of the no-flag single node.
+func DefaultConfig() Config {
+	return Config{
+		NodeID:          "node-1",
+		GRPCAddr:        "127.0.0.1:7070",
+		HTTPAddr:        "127.0.0.1:7072",
+		MaxBuckets:      1_000_000,
+		MaxRecvMsgSize:  4 << 20,
+		DefaultDeadline: 10 * time.Second,
+		SweepInterval:   time.Second,
+		ShutdownGrace:   5 * time.Second,
+	}
+}
+
+// Validate reports the first problem with c, naming the field.
+func (c *Config) Validate() error {
+	switch {
+	case c.NodeID == "":
+		return errors.New("node id is empty")
+	case c.GRPCAddr == "":
+		return errors.New("grpc address is empty")
+	case c.MaxBuckets < 0:
+		return fmt.Errorf("max buckets must be >= 0, got %d", c.MaxBuckets)
+	case c.Shards < 0 || c.Shards > 1<<16:
+		return fmt.Errorf("shards must be between 0 and 65536, got %d", c.Shards)
+	case c.MaxRecvMsgSize < 1<<16:
+		return fmt.Errorf("max message size must be at least 64 KiB, got %d", c.MaxRecvMsgSize)
+	case c.DefaultDeadline <= 0:
+		return fmt.Errorf("default deadline must be > 0, got %v", c.DefaultDeadline)
+	case c.SweepInterval <= 0:
+		return fmt.Errorf("sweep interval must be > 0, got %v", c.SweepInterval)
+	case c.ShutdownGrace < 0:
+		return fmt.Errorf("shutdown grace must be >= 0, got %v", c.ShutdownGrace)
+	}
+	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
+		return fmt.Errorf("grpc address %q: %w", c.GRPCAddr, err)
+	}
+	if c.HTTPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			return fmt.Errorf("http address %q: %w", c.HTTPAddr, err)
+		}
+	}
+	return nil
+}
+
+// Node is one tokenserver: its gRPC server, buckets and rule store.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	store   rule.Store
+	buckets *shard.Map
+	now     func() int64
+	grpc    *grpc.Server
+	health  *health.Server
+	ready   atomic.Bool
+	done    chan struct{}
+
+	mu       sync.Mutex
+	grpcLis  net.Listener
+	httpLis  net.Listener
+	httpSrv  *http.Server
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New builds a node over store. Call Serve (or ListenAndServe) to run it.
+func New(cfg Config, store rule.Store) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("server config: %w", err)
+	}
+	n := &Node{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		store:   store,
+		buckets: shard.New(shard.Config{Shards: cfg.Shards, MaxBuckets: cfg.MaxBuckets}),
+		now:     cfg.Clock,
+		health:  health.NewServer(),
+		done:    make(chan struct{}),
+	}
+	if n.log == nil {
+		n.log = slog.Default()
+	}
+	if n.now == nil {
+		start := time.Now()
+		// Offset by a day so that window arithmetic never sees time near 0.
+		n.now = func() int64 { return int64(time.Since(start)) + int64(24*time.Hour) }
+	}
+	n.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(n.recoverUnary, n.deadlineUnary),
+		grpc.ChainStreamInterceptor(n.recoverStream),
+	)
+	pb.RegisterTokenServiceServer(n.grpc, &tokenService{n: n})
+	pb.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
+	healthpb.RegisterHealthServer(n.grpc, n.health)
+	reflection.Register(n.grpc)
+	n.setServing(false)
+	return n, nil
+}
+
+// Buckets exposes the node's bucket map (for metrics and tests).
+func (n *Node) Buckets() *shard.Map { return n.buckets }
+
+// epoch is the ownership epoch; a single node's view never changes.
+func (n *Node) epoch() uint64 { return 1 }
+
+// advertiseGRPC is the address others dial.
+func (n *Node) advertiseGRPC() string {
+	if n.cfg.AdvertiseGRPC != "" {
+		return n.cfg.AdvertiseGRPC
+	}
+	if a := n.GRPCAddr(); a != "" {
+		return a
+	}
+	return n.cfg.GRPCAddr
+}
+
+// GRPCAddr is the address the gRPC server listens on, once it does.
+func (n *Node) GRPCAddr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.grpcLis == nil {
+		return ""
+	}
+	return n.grpcLis.Addr().String()
+}
+
+// HTTPAddr is the address the HTTP server listens on, once it does.
+func (n *Node) HTTPAddr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.httpLis == nil {
+		return ""
+	}
+	return n.httpLis.Addr().String()
+}
+
+func (n *Node) setServing(ok bool) {
+	n.ready.Store(ok)
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	n.health.SetServingStatus("", st)
+	n.health.SetServingStatus(pb.TokenService_ServiceDesc.ServiceName, st)
+	n.health.SetServingStatus(pb.AdminService_ServiceDesc.ServiceName, st)
+}
+
+// Listen opens the gRPC and HTTP listeners, so that their addresses are
+// known (":0" picks a free port) before Serve.
+func (n *Node) Listen() error {
+	gl, err := net.Listen("tcp", n.cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("listen grpc %s: %w", n.cfg.GRPCAddr, err)
+	}
+	var hl net.Listener
+	if n.cfg.HTTPAddr != "" {
+		if hl, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
+			gl.Close()
+			return fmt.Errorf("listen http %s: %w", n.cfg.HTTPAddr, err)
+		}
+	}
+	n.mu.Lock()
+	n.grpcLis, n.httpLis = gl, hl
+	n.mu.Unlock()
+	return nil
+}
+
+// Serve runs the node on the listeners Listen opened (it calls Listen when
+// none is open) until ctx ends, then stops gracefully.
+func (n *Node) Serve(ctx context.Context) error {
+	if n.GRPCAddr() == "" {
+		if err := n.Listen(); err != nil {
+			return err
+		}
+	}
+	errc := make(chan error, 2)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.grpc.Serve(n.grpcLis); err != nil {
+			errc <- fmt.Errorf("grpc server: %w", err)
+		}
+	}()
+	if n.httpLis != nil {
+		n.httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.httpSrv.Serve(n.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http server: %w", err)
+			}
+		}()
+	}
+	n.wg.Add(1)
+	go n.sweep()
+	n.setServing(true)
+	n.log.Info("tokenserver serving", "node", n.cfg.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "max_buckets", n.cfg.MaxBuckets)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	n.Stop()
+	return err
+}
+
+// Stop stops the node: it reports not serving, lets calls in flight finish
+// for up to ShutdownGrace, then closes everything. It is safe to call twice.
+func (n *Node) Stop() {
+	n.stopOnce.Do(func() {
+		n.log.Info("tokenserver stopping", "node", n.cfg.NodeID)
+		n.setServing(false)
+		close(n.done)
+		stopped := make(chan struct{})
+		go func() { n.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(n.cfg.ShutdownGrace):
+			n.grpc.Stop()
+		}
+		if n.httpSrv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+			_ = n.httpSrv.Shutdown(ctx)
+			cancel()
+		}
+		n.wg.Wait()
+	})
+}
+
+// sweep evicts idle buckets every SweepInterval until the node stops.
+func (n *Node) sweep() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+			n.buckets.Sweep(n.now(), n.store.Table())
+		}
+	}
+}
+
+// httpHandler serves /healthz (the process is up) and /readyz (the node
+// answers requests).
+func (n *Node) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !n.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// deadlineUnary gives calls without a deadline the default one.
+func (n *Node) deadlineUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.DefaultDeadline)
+		defer cancel()
+	}
+	return h(ctx, req)
+}
+
+// recoverUnary turns a panic into an Internal error and a log line, so bad
+// input never takes the node down.
+func (n *Node) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			n.log.Error("panic in handler", "method", info.FullMethod, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+		}
+	}()
+	return h(ctx, req)
+}
+
+// recoverStream is recoverUnary for streams.
+func (n *Node) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			n.log.Error("panic in handler", "method", info.FullMethod, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+		}
+	}()
+	return h(srv, ss)
+}
+
+// RegisterServices registers the node's services on another gRPC server
+// (tests use a bufconn server).
+func (n *Node) RegisterServices(s grpc.ServiceRegistrar) {
+	pb.RegisterTokenServiceServer(s, &tokenService{n: n})
+	pb.RegisterAdminServiceServer(s, &adminService{n: n})
+}

@@ -1,0 +1,471 @@
+// Package shard keeps a node's buckets: one per (rule, key), in lock-striped
+// shards, created on first use, evicted once back at their initial state,
+// under a node-wide cap.
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// Errors of Map. Each is wrapped with context; test with errors.Is.
+var (
+	// ErrBucketCap means the node holds Config.MaxBuckets buckets and a new
+	// key cannot get one.
+	ErrBucketCap = errors.New("node bucket cap reached")
+	// ErrMaxKeys means the rule holds its max_keys keys on this node.
+	ErrMaxKeys = errors.New("rule key cap reached")
+)
+
+// Reason says why a decision came out as it did; numbers match
+// tokenserver.v1.Reason.
+type Reason uint8
+
+// The reasons.
+const (
+	_ Reason = iota
+	// ReasonLimit: the algorithm decided.
+	ReasonLimit
+	// ReasonPenalty: the key is locked out by the rule's penalty.
+	ReasonPenalty
+	// ReasonDenyList: the key is on the deny list.
+	ReasonDenyList
+	// ReasonAllowList: the key is on the allow list.
+	ReasonAllowList
+)
+
+// Decision is the answer to an acquire.
+type Decision struct {
+	bucket.Result
+	// Grant names what was granted; zero when nothing was taken from a bucket
+	// (denied, peek, allow list, shadow).
+	Grant Grant
+	// Reason says why.
+	Reason Reason
+	// ShadowDenied is set in a shadow rule when the real decision was a
+	// denial (Allowed is then true).
+	ShadowDenied bool
+}
+
+// Config configures a Map.
+type Config struct {
+	// Shards is the number of lock stripes, rounded up to a power of two.
+	// 0 means DefaultShards.
+	Shards int
+	// MaxBuckets caps live buckets on the node; a new key past it gets
+	// ErrBucketCap. 0 means no cap.
+	MaxBuckets int64
+}
+
+// DefaultShards is the shard count when Config.Shards is 0. 64 stripes keep
+// lock contention negligible at 2-16 cores (see BenchmarkAcquireParallel);
+// more only cost memory and sweep time.
+const DefaultShards = 64
+
+// maxRefillLog bounds the refilled-grant record of one bucket; past it a
+// refill changes nothing, which never over-admits.
+const maxRefillLog = 1024
+
+// Map holds the buckets. It is safe for simultaneous use by multiple
+// goroutines. Time is passed in as monotonic nanoseconds.
+type Map struct {
+	shards     []shard
+	shift      uint // 64 - log2(len(shards))
+	seed       maphash.Seed
+	max        int64
+	live       atomic.Int64
+	evicted    atomic.Int64
+	capDenials atomic.Int64
+}
+
+type shard struct {
+	mu  sync.Mutex
+	m   map[string]*entry
+	seq uint64 // grant nonces: seq<<shardBits | shard index
+	_   [40]byte
+}
+
+// entry is one bucket with what the shard keeps about it.
+type entry struct {
+	b bucket.Bucket
+	// rule is the compiled rule version the bucket was last judged by.
+	rule *rule.Compiled
+	// penaltyUntil is the end of the key's penalty lock-out.
+	penaltyUntil int64
+	// refilled records grants already given back (windows and buckets;
+	// concurrency leases vanish on release instead).
+	refilled *refillLog
+}
+
+type refillLog struct {
+	nonces  []uint64
+	expires []int64
+}
+
+// New returns an empty Map.
+func New(c Config) *Map {
+	n := c.Shards
+	if n <= 0 {
+		n = DefaultShards
+	}
+	n = 1 << bits.Len(uint(n-1))
+	m := &Map{shards: make([]shard, n), shift: uint(64 - bits.Len(uint(n-1))), seed: maphash.MakeSeed(), max: c.MaxBuckets}
+	if n == 1 {
+		m.shift = 64
+	}
+	for i := range m.shards {
+		m.shards[i].m = make(map[string]*entry)
+	}
+	return m
+}
+
+// bucketKey writes rule name, NUL and key into buf (names never hold NUL).
+func bucketKey(buf []byte, ruleName, key string) []byte {
+	buf = append(buf, ruleName...)
+	buf = append(buf, 0)
+	return append(buf, key...)
+}
+
+func (m *Map) shardOf(bk []byte) (*shard, uint64) {
+	if m.shift == 64 {
+		return &m.shards[0], 0
+	}
+	i := maphash.Bytes(m.seed, bk) >> m.shift
+	return &m.shards[i], i
+}
+
+// CheckRequest reports whether req is acceptable for cfg: permits >= 0, at
+// most the capacity unless partial, max_wait within [0, period].
+func CheckRequest(cfg *bucket.Config, req bucket.Request) error {
+	switch {
+	case req.Permits < 0:
+		return rule.Invalid("permits must be >= 0, got %d", req.Permits)
+	case req.Permits > cfg.Capacity() && !req.Partial:
+		return rule.Invalid("permits %d is above the key's capacity %d and could never be granted; ask for at most %d or set partial", req.Permits, cfg.Capacity(), cfg.Capacity())
+	case req.MaxWait < 0:
+		return rule.Invalid("max_wait must be >= 0, got %dns", req.MaxWait)
+	case req.MaxWait > cfg.Period:
+		return rule.Invalid("max_wait %dns is above the rule's period %dns", req.MaxWait, cfg.Period)
+	}
+	return nil
+}
+
+// Acquire decides req for key under rule c at time now. A denial is a
+// Decision with Allowed false, not an error; errors are rule.ErrInvalid for a
+// bad request, ErrBucketCap and ErrMaxKeys for a new key past a cap.
+func (m *Map) Acquire(c *rule.Compiled, key string, req bucket.Request, now int64) (Decision, error) {
+	cfg := c.ConfigFor(key)
+	if err := CheckRequest(cfg, req); err != nil {
+		return Decision{}, err
+	}
+	if c.Allowed(key) {
+		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList}, nil
+	}
+	if c.Denied(key) {
+		d := Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList}
+		return shadow(c, d, req), nil
+	}
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], c.Rule.Name, key)
+	sh, idx := m.shardOf(bk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(bk)]
+	if e == nil {
+		if req.Permits == 0 { // a peek creates nothing
+			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit}, nil
+		}
+		if err := m.admitNew(sh, c, now); err != nil {
+			return Decision{}, err
+		}
+		e = &entry{b: bucket.New(cfg, now), rule: c}
+		sh.m[string(bk)] = e
+	} else if e.rule != c {
+		m.update(e, c, key, now)
+	}
+	if now < e.penaltyUntil {
+		d := Decision{Result: e.b.Acquire(cfg, now, bucket.Request{}), Reason: ReasonPenalty}
+		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now
+		return shadow(c, d, req), nil
+	}
+	sh.seq++
+	nonce := sh.seq<<(64-m.shift) | idx
+	req.LeaseID = nonce
+	res := e.b.Acquire(cfg, now, req)
+	d := Decision{Result: res, Reason: ReasonLimit}
+	if !res.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
+		e.penaltyUntil = now + int64(c.Rule.Penalty)
+		d.RetryAfter = max(d.RetryAfter, int64(c.Rule.Penalty))
+	}
+	if res.Granted > 0 {
+		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: res.Granted}
+		d.Grant.Sum = sum(m.seed, bk, c.Rule.Generation, d.Grant)
+	}
+	return shadow(c, d, req), nil
+}
+
+// shadow turns a denial into an allow in a shadow rule.
+func shadow(c *rule.Compiled, d Decision, req bucket.Request) Decision {
+	if c.Rule.Shadow && !d.Allowed {
+		d.Allowed, d.ShadowDenied, d.Granted, d.RetryAfter = true, true, req.Permits, 0
+	}
+	return d
+}
+
+// admitNew counts a new bucket against the node's and the rule's caps;
+// sh.mu is held.
+func (m *Map) admitNew(sh *shard, c *rule.Compiled, now int64) error {
+	if m.max > 0 {
+		if m.live.Load() >= m.max {
+			m.evictIdle(sh, now, 64)
+		}
+		if !incrementBelow(&m.live, m.max) {
+			m.capDenials.Add(1)
+			return fmt.Errorf("%w: %d buckets live", ErrBucketCap, m.max)
+		}
+	} else {
+		m.live.Add(1)
+	}
+	if c.MaxKeys > 0 && !incrementBelow(c.KeyCount, c.MaxKeys) {
+		m.live.Add(-1)
+		m.capDenials.Add(1)
+		return fmt.Errorf("%w: rule %q holds its max_keys %d keys on this node", ErrMaxKeys, c.Rule.Name, c.MaxKeys)
+	} else if c.MaxKeys == 0 {
+		c.KeyCount.Add(1)
+	}
+	return nil
+}
+
+// incrementBelow adds one to n unless that would reach past limit.
+func incrementBelow(n *atomic.Int64, limit int64) bool {
+	for {
+		v := n.Load()
+		if v >= limit {
+			return false
+		}
+		if n.CompareAndSwap(v, v+1) {
+			return true
+		}
+	}
+}
+
+// update moves e to rule version c: the same generation and algorithm keep
+// the state, clamped to the new capacity; otherwise the bucket starts fresh.
+func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) {
+	old := e.rule
+	newCfg := c.ConfigFor(key)
+	if old.Rule.Generation == c.Rule.Generation && old.Rule.Algorithm == c.Rule.Algorithm {
+		e.b.Reconfigure(old.ConfigFor(key), newCfg, now)
+	} else {
+		e.b = bucket.New(newCfg, now)
+		e.penaltyUntil = 0
+		e.refilled = nil
+		if old.KeyCount != c.KeyCount {
+			old.KeyCount.Add(-1)
+			c.KeyCount.Add(1)
+		}
+	}
+	if c.Rule.Penalty == 0 {
+		e.penaltyUntil = 0
+	}
+	e.rule = c
+}
+
+// Refill gives back up to permits (all the grant took when permits < 0) of
+// the grant named by grantID, or ends a concurrency lease. It returns how
+// many went back and what remains. An unknown, expired or already refilled
+// grant changes nothing and returns 0; a malformed id is rule.ErrInvalid.
+func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now int64) (refilled, remaining int64, err error) {
+	g, err := ParseGrant(grantID)
+	if err != nil {
+		return 0, 0, err
+	}
+	if permits < 0 || permits > g.Permits {
+		permits = g.Permits
+	}
+	cfg := c.ConfigFor(key)
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], c.Rule.Name, key)
+	if sum(m.seed, bk, c.Rule.Generation, g) != g.Sum {
+		return 0, m.peek(c, bk, cfg, now), nil // not a grant of this node, rule generation and key
+	}
+	sh, _ := m.shardOf(bk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(bk)]
+	if e == nil { // evicted: back at its initial state, nothing to give back
+		return 0, bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining, nil
+	}
+	if e.rule != c {
+		m.update(e, c, key, now)
+	}
+	bg := bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}
+	if cfg.Algorithm == bucket.Concurrency {
+		refilled = e.b.Refill(cfg, now, bg, g.Permits)
+	} else if e.refillOnce(g.Nonce, g.IssuedAt+validity(cfg), now) {
+		refilled = e.b.Refill(cfg, now, bg, permits)
+	}
+	return refilled, e.b.Acquire(cfg, now, bucket.Request{}).Remaining, nil
+}
+
+// validity bounds how long after it was made a grant can still be given
+// back (the bucket decides exactly; this bounds the refilled-grant record).
+func validity(cfg *bucket.Config) int64 {
+	if cfg.Algorithm == bucket.LeakyBucket {
+		return 2*cfg.Period + cfg.Capacity()*(cfg.Period/cfg.Limit)
+	}
+	return cfg.Period
+}
+
+// refillOnce records that the grant nonce is being given back, and reports
+// false when it already was (or the record is full).
+func (e *entry) refillOnce(nonce uint64, expires, now int64) bool {
+	if expires <= now {
+		return false
+	}
+	l := e.refilled
+	if l == nil {
+		l = &refillLog{}
+		e.refilled = l
+	}
+	j := 0
+	for i, n := range l.nonces {
+		if n == nonce {
+			return false
+		}
+		if l.expires[i] > now {
+			l.nonces[j], l.expires[j] = n, l.expires[i]
+			j++
+		}
+	}
+	l.nonces, l.expires = l.nonces[:j], l.expires[:j]
+	if j >= maxRefillLog {
+		return false
+	}
+	l.nonces = append(l.nonces, nonce)
+	l.expires = append(l.expires, expires)
+	return true
+}
+
+// live reports whether the refill record still holds an unexpired grant.
+func (l *refillLog) live(now int64) bool {
+	if l == nil {
+		return false
+	}
+	for _, e := range l.expires {
+		if e > now {
+			return true
+		}
+	}
+	return false
+}
+
+// peek answers the remaining permits of a bucket without creating one.
+func (m *Map) peek(c *rule.Compiled, bk []byte, cfg *bucket.Config, now int64) int64 {
+	sh, _ := m.shardOf(bk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(bk)]
+	if e == nil || e.rule.Rule.Generation != c.Rule.Generation {
+		return bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining
+	}
+	if e.rule != c {
+		m.update(e, c, string(bk[len(c.Rule.Name)+1:]), now)
+	}
+	return e.b.Acquire(cfg, now, bucket.Request{}).Remaining
+}
+
+// Renew extends the concurrency lease named by grantID by the rule's period
+// and reports whether it was still live.
+func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, error) {
+	g, err := ParseGrant(grantID)
+	if err != nil {
+		return false, err
+	}
+	cfg := c.ConfigFor(key)
+	if cfg.Algorithm != bucket.Concurrency {
+		return false, rule.Invalid("rule %q is %s: only concurrency leases are renewed", c.Rule.Name, cfg.Algorithm)
+	}
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], c.Rule.Name, key)
+	if sum(m.seed, bk, c.Rule.Generation, g) != g.Sum {
+		return false, nil
+	}
+	sh, _ := m.shardOf(bk)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(bk)]
+	if e == nil {
+		return false, nil
+	}
+	if e.rule != c {
+		m.update(e, c, key, now)
+	}
+	return e.b.Renew(cfg, now, bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}), nil
+}
+
+// idle reports whether e can be dropped: back at its initial state, no
+// penalty, no grant that could still be refilled twice.
+func (e *entry) idle(key string, now int64) bool {
+	return now >= e.penaltyUntil && !e.refilled.live(now) && e.b.Idle(e.rule.ConfigFor(key), now)
+}
+
+// evictIdle drops up to limit... idle entries of sh, looking at no more than
+// 4*limit entries; sh.mu is held.
+func (m *Map) evictIdle(sh *shard, now int64, limit int) {
+	seen, dropped := 0, 0
+	for k, e := range sh.m {
+		if seen >= 4*limit || dropped >= limit {
+			return
+		}
+		seen++
+		if e.idle(k[len(e.rule.Rule.Name)+1:], now) {
+			m.drop(sh, k, e)
+			dropped++
+		}
+	}
+}
+
+func (m *Map) drop(sh *shard, k string, e *entry) {
+	delete(sh.m, k)
+	m.live.Add(-1)
+	e.rule.KeyCount.Add(-1)
+	m.evicted.Add(1)
+}
+
+// Sweep drops every bucket that is idle at now, or whose rule is gone from
+// t (deleted, or re-created as a new generation). It locks one shard at a
+// time and returns how many it dropped.
+func (m *Map) Sweep(now int64, t *rule.Table) int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			name := e.rule.Rule.Name
+			cur := t.Get(name)
+			if cur == nil || cur.Rule.Generation != e.rule.Rule.Generation || e.idle(k[len(name)+1:], now) {
+				m.drop(sh, k, e)
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Live is the number of buckets held.
+func (m *Map) Live() int64 { return m.live.Load() }
+
+// Evicted is the number of buckets dropped since start.
+func (m *Map) Evicted() int64 { return m.evicted.Load() }
+
+// CapDenials is the number of new keys refused by the node or rule caps.
+func (m *Map) CapDenials() int64 { return m.capDenials.Load() }
