@@ -62,63 +62,63 @@ func ParseFallbackPolicy(s string) (FallbackPolicy, error) {
 // Rule is a named limit. Its zero value is not valid; see Validate.
 type Rule struct {
 	// Name is 1 to MaxNameLen characters of [A-Za-z0-9_.:-].
-	Name string
+	Name string `json:"name,omitempty"`
 	// Algorithm is how the rule counts.
-	Algorithm bucket.Algorithm
+	Algorithm bucket.Algorithm `json:"algorithm,omitempty"`
 	// Limit is permits per Period (leases at once for Concurrency).
-	Limit int64
+	Limit int64 `json:"limit,omitempty"`
 	// Period is the limit's period (a lease's lifetime for Concurrency).
-	Period time.Duration
+	Period time.Duration `json:"period,omitempty"`
 	// Burst is the capacity of token and leaky buckets; 0 means Limit.
-	Burst int64
+	Burst int64 `json:"burst,omitempty"`
 	// SampleCount is the sliding window's sub-windows; 0 means the default.
-	SampleCount int64
+	SampleCount int64 `json:"sample_count,omitempty"`
 	// Warmup turns on token-bucket warm-up.
-	Warmup time.Duration
+	Warmup time.Duration `json:"warmup,omitempty"`
 	// Penalty locks a key out for this long after its first denial.
-	Penalty time.Duration
+	Penalty time.Duration `json:"penalty,omitempty"`
 	// MaxKeys caps the keys the rule holds on one node; 0 means none (for
 	// sliding log: DefaultLogMaxKeys).
-	MaxKeys int64
+	MaxKeys int64 `json:"max_keys,omitempty"`
 	// Overrides give keys their own limit.
-	Overrides []Override
+	Overrides []Override `json:"overrides,omitempty"`
 	// Deny lists keys that are always denied.
-	Deny []string
+	Deny []string `json:"deny,omitempty"`
 	// Allow lists keys that are always allowed.
-	Allow []string
+	Allow []string `json:"allow,omitempty"`
 	// Shadow decides and counts but always allows.
-	Shadow bool
+	Shadow bool `json:"shadow,omitempty"`
 	// Fallback is the clients' policy when the server is unreachable.
-	Fallback Fallback
+	Fallback Fallback `json:"fallback,omitempty"`
 	// Lease caps client-side leasing.
-	Lease Lease
+	Lease Lease `json:"lease,omitempty"`
 	// Version is the version of the rule's last change (set by the Store).
-	Version uint64
+	Version uint64 `json:"version,omitempty"`
 	// Generation is the version at which the rule was created (set by the
 	// Store); buckets belong to one generation.
-	Generation uint64
+	Generation uint64 `json:"generation,omitempty"`
 }
 
 // Override gives one key its own limit and burst.
 type Override struct {
-	Key   string
-	Limit int64
+	Key   string `json:"key"`
+	Limit int64  `json:"limit"`
 	// Burst defaults to the override's Limit.
-	Burst int64
+	Burst int64 `json:"burst,omitempty"`
 }
 
 // Fallback is a rule's client-side fallback policy.
 type Fallback struct {
-	Policy FallbackPolicy
+	Policy FallbackPolicy `json:"policy,omitempty"`
 	// Limit is, for FallbackLocal, what each client instance admits per
 	// Period on its own.
-	Limit int64
+	Limit int64 `json:"limit,omitempty"`
 }
 
 // Lease caps how much a client may lease and for how long; zero disables it.
 type Lease struct {
-	MaxBatch int64
-	TTL      time.Duration
+	MaxBatch int64         `json:"max_batch,omitempty"`
+	TTL      time.Duration `json:"ttl,omitempty"`
 }
 
 // Errors of the Store and of validation. Each is wrapped with context; test

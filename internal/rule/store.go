@@ -2,6 +2,7 @@ package rule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -138,3 +139,20 @@ func (s *MemStore) List(context.Context) ([]*Rule, error) {
 
 // Table implements Store.
 func (s *MemStore) Table() *Table { return s.table.Load() }
+
+// ErrNotLeader means a write or a current read must be made on the leader;
+// the error is a *LeaderError that names it, so the caller can forward.
+var ErrNotLeader = errors.New("not the leader")
+
+// LeaderError is ErrNotLeader with the leader's id and gRPC address.
+type LeaderError struct {
+	ID       string
+	GRPCAddr string
+}
+
+func (e *LeaderError) Error() string {
+	return fmt.Sprintf("not the leader: the leader is %s at %s", e.ID, e.GRPCAddr)
+}
+
+// Is makes errors.Is(err, ErrNotLeader) true.
+func (e *LeaderError) Is(target error) bool { return target == ErrNotLeader }

@@ -1,0 +1,348 @@
+package raftfsm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/tokenserver/tokenserver/internal/cluster"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// Log entry types: the first byte of every entry. An entry whose type has
+// ignoreUnknown set may be skipped by a node that does not know it; any
+// other unknown type stops the node, since applying less than the others
+// would let replicas diverge.
+const (
+	entryPutRule      byte = 1
+	entryDeleteRule   byte = 2
+	entrySetMember    byte = 3
+	entryRemoveMember byte = 4
+	entrySetView      byte = 5
+
+	ignoreUnknown byte = 0x80
+)
+
+// putRuleEntry creates or replaces a rule.
+type putRuleEntry struct {
+	Rule     *rule.Rule `json:"rule"`
+	Expected *uint64    `json:"expected,omitempty"`
+}
+
+// deleteRuleEntry deletes a rule.
+type deleteRuleEntry struct {
+	Name     string  `json:"name"`
+	Expected *uint64 `json:"expected,omitempty"`
+}
+
+// memberEntry records a member's addresses (setMember) or forgets it
+// (removeMember: only ID is read).
+type memberEntry struct {
+	Member memberInfo `json:"member"`
+}
+
+// viewEntry sets the routing view: the ids of the members that own keys.
+type viewEntry struct {
+	Live []string `json:"live"`
+}
+
+// memberInfo is what the FSM keeps about a member.
+type memberInfo struct {
+	ID       string `json:"id"`
+	GRPCAddr string `json:"grpc_addr"`
+	RaftAddr string `json:"raft_addr"`
+	// WasLive is set once the member has been in the view: coming back
+	// after a drop then takes the longer healthy period.
+	WasLive bool `json:"was_live,omitempty"`
+}
+
+// encode makes a log entry of a type byte and a JSON payload.
+func encode(t byte, v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode entry %d: %w", t, err)
+	}
+	return append([]byte{t}, b...), nil
+}
+
+// applyResult is what FSM.Apply returns for an entry.
+type applyResult struct {
+	rule *rule.Rule
+	err  error
+}
+
+// fsmState is the replicated state: rules, members and the view. It is
+// immutable once published.
+type fsmState struct {
+	Index     uint64                `json:"index"`
+	Rules     map[string]*rule.Rule `json:"rules"`
+	Members   map[string]memberInfo `json:"members"`
+	Live      []string              `json:"live"`
+	ViewEpoch uint64                `json:"view_epoch"`
+}
+
+func newState() *fsmState {
+	return &fsmState{Rules: map[string]*rule.Rule{}, Members: map[string]memberInfo{}}
+}
+
+// clone copies the state's maps (rules are immutable once stored).
+func (s *fsmState) clone() *fsmState {
+	c := &fsmState{Index: s.Index, Rules: make(map[string]*rule.Rule, len(s.Rules)), Members: make(map[string]memberInfo, len(s.Members)),
+		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch}
+	for k, v := range s.Rules {
+		c.Rules[k] = v
+	}
+	for k, v := range s.Members {
+		c.Members[k] = v
+	}
+	return c
+}
+
+// view builds the routing view: live members with their addresses.
+func (s *fsmState) view() *cluster.View {
+	ms := make([]cluster.Member, 0, len(s.Live))
+	for _, id := range s.Live {
+		if m, ok := s.Members[id]; ok {
+			ms = append(ms, cluster.Member{ID: m.ID, GRPCAddr: m.GRPCAddr, RaftAddr: m.RaftAddr})
+		}
+	}
+	return cluster.NewView(s.ViewEpoch, ms)
+}
+
+// FSM is the Raft state machine. raft calls Apply, Snapshot and Restore from
+// one goroutine; readers use Table and View, which never block.
+type FSM struct {
+	mu      sync.Mutex // serializes Apply and Restore with publishing
+	state   atomic.Pointer[fsmState]
+	table   atomic.Pointer[rule.Table]
+	view    atomic.Pointer[cluster.View]
+	viewSig atomic.Pointer[chan struct{}]
+}
+
+var _ raft.FSM = (*FSM)(nil)
+
+// NewFSM returns an FSM with no rules, no members and an empty view.
+func NewFSM() *FSM {
+	f := &FSM{}
+	f.table.Store(rule.NewTable(0, nil, nil))
+	ch := make(chan struct{})
+	f.viewSig.Store(&ch)
+	f.publish(newState(), true)
+	return f
+}
+
+// Table is the rule table as of the last applied entry.
+func (f *FSM) Table() *rule.Table { return f.table.Load() }
+
+// View is the routing view as of the last applied entry.
+func (f *FSM) View() *cluster.View { return f.view.Load() }
+
+// ViewChanged is closed when the view (or a member's address) next changes.
+func (f *FSM) ViewChanged() <-chan struct{} { return *f.viewSig.Load() }
+
+// AppliedIndex is the index of the last applied entry.
+func (f *FSM) AppliedIndex() uint64 { return f.state.Load().Index }
+
+// members returns the member records.
+func (f *FSM) members() map[string]memberInfo { return f.state.Load().Members }
+
+// live returns the ids in the view.
+func (f *FSM) live() []string { return f.state.Load().Live }
+
+// publish swaps in s; rulesChanged rebuilds the rule table.
+func (f *FSM) publish(s *fsmState, rulesChanged bool) {
+	old := f.state.Load()
+	f.state.Store(s)
+	if rulesChanged || old == nil {
+		rules := make([]*rule.Rule, 0, len(s.Rules))
+		for _, r := range s.Rules {
+			rules = append(rules, r)
+		}
+		prev := f.table.Load()
+		f.table.Store(rule.NewTable(s.Index, rules, prev))
+		prev.Supersede()
+	}
+	v := s.view()
+	if old := f.view.Load(); old == nil || old.Epoch != v.Epoch || !old.Equal(v) {
+		f.view.Store(v)
+		ch := make(chan struct{})
+		oldSig := f.viewSig.Swap(&ch)
+		close(*oldSig)
+	}
+}
+
+// Apply applies one committed entry. It must be deterministic: every
+// replica applies the same entries in the same order to the same result.
+func (f *FSM) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur := f.state.Load()
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	if len(l.Data) == 0 {
+		panic(fmt.Sprintf("raftfsm: empty log entry at index %d", l.Index))
+	}
+	s := cur.clone()
+	s.Index = l.Index
+	res, rulesChanged := s.apply(l.Index, l.Data[0], l.Data[1:])
+	f.publish(s, rulesChanged)
+	return res
+}
+
+// apply applies an entry of type t to s (a private copy).
+func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, bool) {
+	switch t {
+	case entryPutRule:
+		var e putRuleEntry
+		if err := json.Unmarshal(payload, &e); err != nil || e.Rule == nil {
+			return applyResult{err: rule.Invalid("undecodable rule entry at %d: %v", index, err)}, false
+		}
+		r := e.Rule.Clone()
+		r.Normalize()
+		if err := r.Validate(); err != nil {
+			return applyResult{err: err}, false
+		}
+		old := s.Rules[r.Name]
+		if err := checkExpected(r.Name, old, e.Expected); err != nil {
+			return applyResult{err: err}, false
+		}
+		r.Version, r.Generation = index, index
+		if old != nil && old.Algorithm == r.Algorithm {
+			r.Generation = old.Generation
+		}
+		s.Rules[r.Name] = r
+		return applyResult{rule: r.Clone()}, true
+	case entryDeleteRule:
+		var e deleteRuleEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return applyResult{err: rule.Invalid("undecodable delete entry at %d: %v", index, err)}, false
+		}
+		old := s.Rules[e.Name]
+		if old == nil {
+			return applyResult{err: fmt.Errorf("delete %q: %w", e.Name, rule.ErrNotFound)}, false
+		}
+		if err := checkExpected(e.Name, old, e.Expected); err != nil {
+			return applyResult{err: err}, false
+		}
+		delete(s.Rules, e.Name)
+		return applyResult{}, true
+	case entrySetMember:
+		var e memberEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return applyResult{err: fmt.Errorf("undecodable member entry at %d: %w", index, err)}, false
+		}
+		m := e.Member
+		if old, ok := s.Members[m.ID]; ok {
+			m.WasLive = m.WasLive || old.WasLive
+		}
+		s.Members[m.ID] = m
+		return applyResult{}, false
+	case entryRemoveMember:
+		var e memberEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return applyResult{err: fmt.Errorf("undecodable member entry at %d: %w", index, err)}, false
+		}
+		delete(s.Members, e.Member.ID)
+		if i := indexOf(s.Live, e.Member.ID); i >= 0 {
+			s.Live = append(s.Live[:i:i], s.Live[i+1:]...)
+			s.ViewEpoch = index
+		}
+		return applyResult{}, false
+	case entrySetView:
+		var e viewEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return applyResult{err: fmt.Errorf("undecodable view entry at %d: %w", index, err)}, false
+		}
+		live := append([]string(nil), e.Live...)
+		sort.Strings(live)
+		s.Live = live
+		s.ViewEpoch = index
+		for _, id := range live {
+			if m, ok := s.Members[id]; ok && !m.WasLive {
+				m.WasLive = true
+				s.Members[id] = m
+			}
+		}
+		return applyResult{}, false
+	}
+	if t&ignoreUnknown != 0 {
+		return applyResult{}, false
+	}
+	panic(fmt.Sprintf("raftfsm: unknown log entry type %d at index %d: this node is older than the cluster; upgrade it", t, index))
+}
+
+func indexOf(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// checkExpected is the compare-and-set of put and delete.
+func checkExpected(name string, old *rule.Rule, expected *uint64) error {
+	if expected == nil {
+		return nil
+	}
+	var have uint64
+	if old != nil {
+		have = old.Version
+	}
+	if have != *expected {
+		return fmt.Errorf("rule %q is at version %d, not the expected %d: %w", name, have, *expected, rule.ErrVersionMismatch)
+	}
+	return nil
+}
+
+// Snapshot returns the current state to persist. raft calls Persist on
+// another goroutine while Apply goes on; the state is immutable, so no copy
+// is needed.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	return &snapshot{s: f.state.Load()}, nil
+}
+
+// Restore replaces the state with a snapshot's.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	s := newState()
+	if err := json.NewDecoder(rc).Decode(s); err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	if s.Rules == nil {
+		s.Rules = map[string]*rule.Rule{}
+	}
+	if s.Members == nil {
+		s.Members = map[string]memberInfo{}
+	}
+	for name, r := range s.Rules {
+		if r == nil || r.Name != name {
+			return errors.New("restore snapshot: malformed rule table")
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.publish(s, true)
+	return nil
+}
+
+type snapshot struct{ s *fsmState }
+
+// Persist writes the state as JSON.
+func (p *snapshot) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(p.s); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+// Release is a no-op: the state is garbage collected.
+func (p *snapshot) Release() {}

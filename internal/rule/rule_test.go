@@ -1,0 +1,204 @@
+package rule
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+)
+
+func valid() *Rule {
+	return &Rule{Name: "api", Algorithm: bucket.TokenBucket, Limit: 10, Period: time.Second}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(r *Rule)
+		want   string // substring of the error; "" = valid
+	}{
+		{"ok", func(r *Rule) {}, ""},
+		{"empty name", func(r *Rule) { r.Name = "" }, "rule name is empty"},
+		{"bad name char", func(r *Rule) { r.Name = "a b" }, "character ' '"},
+		{"long name", func(r *Rule) { r.Name = strings.Repeat("a", MaxNameLen+1) }, "above the limit"},
+		{"unknown algorithm", func(r *Rule) { r.Algorithm = 0 }, "unknown algorithm"},
+		{"limit zero", func(r *Rule) { r.Limit = 0 }, "limit must be > 0"},
+		{"period zero", func(r *Rule) { r.Period = 0 }, "period must be > 0"},
+		{"negative burst", func(r *Rule) { r.Burst = -1 }, "burst must be >= 0"},
+		{"sample count not dividing", func(r *Rule) {
+			r.Algorithm, r.SampleCount, r.Period = bucket.SlidingWindow, 7, time.Second
+		}, "must divide the period"},
+		{"sample count ok", func(r *Rule) { r.Algorithm, r.SampleCount = bucket.SlidingWindow, 4 }, ""},
+		{"sliding log above cap", func(r *Rule) { r.Algorithm, r.Limit = bucket.SlidingLog, bucket.MaxLogLimit+1 }, "sliding-log cap"},
+		{"warmup on window", func(r *Rule) { r.Algorithm, r.Warmup = bucket.FixedWindow, time.Second }, "warmup applies to token-bucket only"},
+		{"negative penalty", func(r *Rule) { r.Penalty = -time.Second }, "penalty must be >= 0"},
+		{"negative max keys", func(r *Rule) { r.MaxKeys = -1 }, "max_keys must be >= 0"},
+		{"override empty key", func(r *Rule) { r.Overrides = []Override{{Key: "", Limit: 5}} }, "overrides[0]: key is empty"},
+		{"override dup", func(r *Rule) { r.Overrides = []Override{{Key: "a", Limit: 5}, {Key: "a", Limit: 6}} }, "appears twice"},
+		{"override bad limit", func(r *Rule) { r.Overrides = []Override{{Key: "vip", Limit: 0}} }, `overrides[0] (key "vip"): limit must be > 0`},
+		{"deny key too long", func(r *Rule) { r.Deny = []string{strings.Repeat("k", MaxKeyLen+1)} }, "deny[0]: key is 257 bytes"},
+		{"allow empty", func(r *Rule) { r.Allow = []string{""} }, "allow[0]: key is empty"},
+		{"local fallback needs limit", func(r *Rule) { r.Fallback.Policy = FallbackLocal }, "fallback.limit must be > 0"},
+		{"fallback limit without local", func(r *Rule) { r.Fallback = Fallback{Policy: FallbackAllow, Limit: 3} }, "local fallback policy only"},
+		{"unknown fallback", func(r *Rule) { r.Fallback.Policy = 9 }, "fallback.policy 9 is unknown"},
+		{"lease needs ttl", func(r *Rule) { r.Lease.MaxBatch = 5 }, "lease.ttl must be > 0"},
+		{"lease on leaky", func(r *Rule) {
+			r.Algorithm, r.Lease = bucket.LeakyBucket, Lease{MaxBatch: 2, TTL: time.Second}
+		}, "leases apply to"},
+		{"lease ttl above period", func(r *Rule) { r.Lease = Lease{MaxBatch: 2, TTL: 2 * time.Second} }, "longer than the period"},
+		{"lease batch above capacity", func(r *Rule) { r.Lease = Lease{MaxBatch: 11, TTL: time.Second} }, "above the capacity"},
+		{"lease ok", func(r *Rule) { r.Lease = Lease{MaxBatch: 5, TTL: 500 * time.Millisecond} }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := valid()
+			tt.change(r)
+			err := r.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate() = %v, want an error containing %q", err, tt.want)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Validate() = %v, not ErrInvalid", err)
+			}
+		})
+	}
+}
+
+// FuzzValidate checks that validation never panics and that every rule it
+// accepts compiles to bucket configs that validate too.
+func FuzzValidate(f *testing.F) {
+	f.Add("api", uint8(1), int64(10), int64(time.Second), int64(0), int64(0), int64(0), "vip", int64(5), uint8(0), int64(0))
+	f.Add("w", uint8(4), int64(100), int64(time.Second), int64(0), int64(7), int64(0), "", int64(0), uint8(3), int64(2))
+	f.Fuzz(func(t *testing.T, name string, alg uint8, limit, period, burst, samples, warmup int64, okey string, olimit int64, fb uint8, fblimit int64) {
+		r := &Rule{Name: name, Algorithm: bucket.Algorithm(alg), Limit: limit, Period: time.Duration(period), Burst: burst,
+			SampleCount: samples, Warmup: time.Duration(warmup), Fallback: Fallback{Policy: FallbackPolicy(fb), Limit: fblimit}}
+		if okey != "" {
+			r.Overrides = []Override{{Key: okey, Limit: olimit}}
+		}
+		if err := r.Validate(); err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		c := Compile(r, nil)
+		for _, key := range []string{"x", okey} {
+			if key == "" {
+				continue
+			}
+			if err := c.ConfigFor(key).Validate(); err != nil {
+				t.Fatalf("valid rule %+v compiled to an invalid config for %q: %v", r, key, err)
+			}
+		}
+	})
+}
+
+func TestMemStore(t *testing.T) {
+	ctx := context.Background()
+	s := NewMemStore()
+	u := func(v uint64) *uint64 { return &v }
+
+	t0 := s.Table()
+	r1, err := s.Put(ctx, valid(), u(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Version != 1 || r1.Generation != 1 {
+		t.Fatalf("first put: version %d generation %d, want 1 1", r1.Version, r1.Generation)
+	}
+	select {
+	case <-t0.Changed():
+	default:
+		t.Fatal("the old table was not marked changed")
+	}
+	if _, err := s.Put(ctx, valid(), u(0)); !errors.Is(err, ErrVersionMismatch) {
+		t.Fatalf("create over an existing rule: %v, want ErrVersionMismatch", err)
+	}
+	r := valid()
+	r.Limit = 20
+	r2, err := s.Put(ctx, r, u(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Version != 2 || r2.Generation != 1 {
+		t.Fatalf("update: version %d generation %d, want 2 1 (same algorithm keeps the generation)", r2.Version, r2.Generation)
+	}
+	if s.Table().Get("api").KeyCount != Compile(r1, nil).KeyCount && s.Table().Get("api").Rule.Limit != 20 {
+		t.Fatal("table not updated")
+	}
+	r.Algorithm = bucket.FixedWindow
+	r3, err := s.Put(ctx, r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r3.Generation != 3 {
+		t.Fatalf("algorithm change: generation %d, want 3", r3.Generation)
+	}
+	bad := valid()
+	bad.Limit = -1
+	if _, err := s.Put(ctx, bad, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad rule: %v", err)
+	}
+	if got, _ := s.Get(ctx, "api"); got.Version != 3 || got.Limit != 20 {
+		t.Fatalf("bad put changed state: %+v", got)
+	}
+	if err := s.Delete(ctx, "api", u(2)); !errors.Is(err, ErrVersionMismatch) {
+		t.Fatalf("stale delete: %v", err)
+	}
+	if err := s.Delete(ctx, "api", u(3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "api"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get deleted: %v", err)
+	}
+	if err := s.Delete(ctx, "api", nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("delete missing: %v", err)
+	}
+	r4, _ := s.Put(ctx, valid(), nil)
+	if r4.Generation != 5 {
+		t.Fatalf("re-created rule: generation %d, want 5 (a new generation)", r4.Generation)
+	}
+}
+
+func TestTableKeyCountSharedWithinGeneration(t *testing.T) {
+	r1 := valid()
+	r1.Generation, r1.Version = 1, 1
+	t1 := NewTable(1, []*Rule{r1}, nil)
+	t1.Get("api").KeyCount.Add(7)
+	r2 := r1.Clone()
+	r2.Version, r2.Limit = 2, 50
+	t2 := NewTable(2, []*Rule{r2}, t1)
+	if got := t2.Get("api").KeyCount.Load(); got != 7 {
+		t.Fatalf("key count after update = %d, want 7", got)
+	}
+	r3 := r1.Clone()
+	r3.Version, r3.Generation = 3, 3
+	t3 := NewTable(3, []*Rule{r3}, t2)
+	if got := t3.Get("api").KeyCount.Load(); got != 0 {
+		t.Fatalf("key count of a new generation = %d, want 0", got)
+	}
+}
+
+func TestConfigForOverride(t *testing.T) {
+	r := valid()
+	r.Overrides = []Override{{Key: "vip", Limit: 100}, {Key: "big", Limit: 5, Burst: 50}}
+	c := Compile(r, nil)
+	if got := c.ConfigFor("vip"); got.Limit != 100 || got.Capacity() != 100 {
+		t.Fatalf("vip config %+v", got)
+	}
+	if got := c.ConfigFor("big"); got.Capacity() != 50 {
+		t.Fatalf("big capacity %d, want 50", got.Capacity())
+	}
+	if got := c.ConfigFor("other"); got != &c.Config {
+		t.Fatalf("other key got %+v", got)
+	}
+}
