@@ -12,12 +12,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 )
 
@@ -34,7 +33,9 @@ func main() {
 // options are the command's flags.
 type options struct {
 	cfg       server.Config
-	dataDir   string
+	raft      raftfsm.Config
+	join      string
+	peers     string
 	logFormat string
 	logLevel  string
 }
@@ -46,18 +47,27 @@ func envName(flagName string) string {
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{cfg: server.DefaultConfig()}
-	host, _ := os.Hostname()
-	if host != "" {
-		o.cfg.NodeID = host
-	}
+	o := &options{cfg: server.DefaultConfig(), raft: raftfsm.DefaultConfig()}
+	o.raft.NodeID, _ = os.Hostname()
 	fs := flag.NewFlagSet("tokenserver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.cfg.NodeID, "node-id", o.cfg.NodeID, "this node's id in the cluster (default: the host name)")
+	fs.StringVar(&o.raft.NodeID, "node-id", o.raft.NodeID, "this node's id in the cluster (default: the host name)")
 	fs.StringVar(&o.cfg.GRPCAddr, "grpc-addr", o.cfg.GRPCAddr, "listen address of the gRPC TokenService and AdminService")
 	fs.StringVar(&o.cfg.HTTPAddr, "http-addr", o.cfg.HTTPAddr, "listen address of HTTP /healthz and /readyz (empty: off)")
 	fs.StringVar(&o.cfg.AdvertiseGRPC, "advertise-grpc", "", "gRPC address that clients and other nodes dial (default: --grpc-addr)")
-	fs.StringVar(&o.dataDir, "data-dir", "./data", "directory for the node's durable state; in this single-node build rules are kept in memory and a restart loses them")
+	fs.StringVar(&o.raft.DataDir, "data-dir", "./data", "directory of the Raft log, stable store and snapshots (rules survive restarts there)")
+	fs.StringVar(&o.raft.RaftBind, "raft-addr", o.raft.RaftBind, "listen address of Raft")
+	fs.StringVar(&o.raft.AdvertiseRaft, "advertise-raft", "", "Raft address that other nodes dial, a DNS name is fine (default: --raft-addr)")
+	fs.StringVar(&o.join, "join", "", "comma-separated gRPC addresses of cluster members to ask to add this node; a node with Raft state ignores it")
+	fs.IntVar(&o.raft.BootstrapExpect, "bootstrap-expect", 0, "bootstrap a new cluster of this many nodes once all --peers answer and none has state (0: off)")
+	fs.StringVar(&o.peers, "peers", "", "with --bootstrap-expect: the members as id=host:raftport,... (this node included)")
+	fs.IntVar(&o.raft.MaxVoters, "max-voters", o.raft.MaxVoters, "most voting members; further nodes join as non-voters and still own keys")
+	fs.DurationVar(&o.raft.HeartbeatTimeout, "raft-heartbeat-timeout", o.raft.HeartbeatTimeout, "Raft heartbeat timeout")
+	fs.DurationVar(&o.raft.ElectionTimeout, "raft-election-timeout", o.raft.ElectionTimeout, "Raft election timeout")
+	fs.DurationVar(&o.raft.LeaderLeaseTimeout, "raft-leader-lease-timeout", o.raft.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
+	fs.Uint64Var(&o.raft.SnapshotThreshold, "raft-snapshot-threshold", o.raft.SnapshotThreshold, "Raft log entries between snapshots")
+	fs.DurationVar(&o.raft.DownAfter, "down-after", o.raft.DownAfter, "drop a member from the routing view after this long without Raft contact or gRPC health")
+	fs.DurationVar(&o.raft.UpAfter, "up-after", o.raft.UpAfter, "take a dropped member back into the routing view after this long healthy")
 	fs.Int64Var(&o.cfg.MaxBuckets, "max-buckets", o.cfg.MaxBuckets, "most buckets (rule, key pairs) held at once; past it a new key gets RESOURCE_EXHAUSTED (0: no cap)")
 	fs.IntVar(&o.cfg.Shards, "shards", 0, "lock stripes for buckets, a power of two (0: 64)")
 	fs.IntVar(&o.cfg.MaxRecvMsgSize, "max-msg-size", o.cfg.MaxRecvMsgSize, "largest gRPC request accepted, in bytes")
@@ -87,6 +97,24 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
 	}
+	if o.peers != "" {
+		for _, p := range strings.Split(o.peers, ",") {
+			id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
+			if !ok || id == "" || addr == "" {
+				return nil, fmt.Errorf("--peers: %q is not id=host:raftport", p)
+			}
+			o.raft.Peers = append(o.raft.Peers, raftfsm.Peer{ID: id, RaftAddr: addr})
+		}
+	}
+	if o.raft.BootstrapExpect > 0 && o.join != "" {
+		return nil, errors.New("--bootstrap-expect and --join exclude each other")
+	}
+	if o.raft.BootstrapExpect > 0 && len(o.raft.Peers) != o.raft.BootstrapExpect {
+		return nil, fmt.Errorf("--bootstrap-expect is %d but --peers lists %d members", o.raft.BootstrapExpect, len(o.raft.Peers))
+	}
+	if o.raft.NodeID == "" {
+		return nil, errors.New("--node-id is empty and the host name is unknown")
+	}
 	return o, nil
 }
 
@@ -115,14 +143,18 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	o.cfg.Logger = log
-	node, err := server.New(o.cfg, rule.NewMemStore())
+	o.raft.Logger = log
+	var join []string
+	for _, a := range strings.Split(o.join, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			join = append(join, a)
+		}
+	}
+	node, err := server.Start(server.Options{Server: o.cfg, Raft: o.raft, Join: join})
 	if err != nil {
 		return err
 	}
-	if err := node.Listen(); err != nil {
-		return err
-	}
-	log.Info("rules are kept in memory in this build: a restart starts with no rules", "data_dir", o.dataDir, "pid", strconv.Itoa(os.Getpid()))
+	log.Info("tokenserver starting", "node", o.raft.NodeID, "data_dir", o.raft.DataDir, "pid", os.Getpid())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()

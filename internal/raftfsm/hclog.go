@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -51,7 +52,13 @@ func (s *slogLogger) Log(level hclog.Level, msg string, args ...any) {
 	all := make([]any, 0, len(s.args)+len(args)+2)
 	all = append(all, "logger", s.name)
 	all = append(all, s.args...)
-	all = append(all, args...)
+	for _, a := range args {
+		if f, ok := a.(hclog.Format); ok && len(f) > 0 {
+			format, _ := f[0].(string)
+			a = fmt.Sprintf(format, f[1:]...)
+		}
+		all = append(all, a)
+	}
 	s.l.Log(context.Background(), lv, msg, all...)
 }
 

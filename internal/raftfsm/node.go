@@ -146,6 +146,8 @@ type Node struct {
 	state  atomic.Bool // has Raft state (bootstrapped or joined)
 	ready  atomic.Bool
 	target atomic.Uint64 // commit index to reach before ready
+	// barrierTerm is the term in which a read Barrier last succeeded.
+	barrierTerm atomic.Uint64
 
 	hbMu      sync.Mutex
 	hbFailing map[string]time.Time // peers whose heartbeats fail, since when
@@ -550,18 +552,25 @@ func (n *Node) Delete(ctx context.Context, name string, expected *uint64) error 
 }
 
 // consistent makes sure a read on this node sees every acknowledged write:
-// it must lead, confirm it still does, and have applied all it committed.
+// it must lead and have applied everything committed before the read. A
+// new leader's commit index can lag entries the old leader committed until
+// an entry of its own term commits, so the first read of each term is a
+// Barrier (an entry of this term, committed by a majority); later reads of
+// the term confirm leadership with VerifyLeader.
 func (n *Node) consistent(ctx context.Context) error {
 	if err := n.awaitLeader(ctx); err != nil {
 		return err
 	}
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return fmt.Errorf("verify leader: %v: %w", err, rule.ErrNoLeader)
-	}
-	if n.fsm.AppliedIndex() < n.raft.CommitIndex() {
+	term := n.term()
+	if n.barrierTerm.Load() != term || n.fsm.AppliedIndex() < n.raft.CommitIndex() {
 		if err := n.raft.Barrier(5 * time.Second).Error(); err != nil {
 			return fmt.Errorf("barrier: %v: %w", err, rule.ErrNoLeader)
 		}
+		n.barrierTerm.Store(term)
+		return nil
+	}
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		return fmt.Errorf("verify leader: %v: %w", err, rule.ErrNoLeader)
 	}
 	return nil
 }

@@ -2,6 +2,13 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,14 +25,40 @@ type adminService struct {
 
 var _ pb.AdminServiceServer = (*adminService)(nil)
 
+// onLeader forwards a call to the leader when err says this node is not it.
+// A call that was itself forwarded is not forwarded again: leadership moved
+// meanwhile, and the caller retries.
+func (n *Node) onLeader(ctx context.Context, err error, call func(context.Context, pb.AdminServiceClient) error) error {
+	var le *rule.LeaderError
+	if !errors.As(err, &le) {
+		return toError(err)
+	}
+	if forwarded(ctx) {
+		return status.Errorf(codes.Unavailable, "leadership moved to %s while the call was forwarded; retry", le.ID)
+	}
+	conn, cerr := n.peers.conn(le.GRPCAddr)
+	if cerr != nil {
+		return peerError("leader "+le.ID, cerr)
+	}
+	if ferr := call(markForwarded(ctx), pb.NewAdminServiceClient(conn)); ferr != nil {
+		return peerError("leader "+le.ID, ferr)
+	}
+	return nil
+}
+
 // PutRule implements pb.AdminServiceServer.
 func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb.PutRuleResponse, error) {
 	if req.GetRule() == nil {
 		return nil, status.Error(codes.InvalidArgument, "rule is missing")
 	}
-	r, err := s.n.store.Put(ctx, RuleFromProto(req.GetRule()), req.ExpectedVersion)
+	r, err := s.n.cluster.Put(ctx, RuleFromProto(req.GetRule()), req.ExpectedVersion)
 	if err != nil {
-		return nil, toError(err)
+		var resp *pb.PutRuleResponse
+		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) (err error) {
+			resp, err = c.PutRule(ctx, req)
+			return err
+		})
+		return resp, err
 	}
 	s.n.log.Info("rule put", "rule", r.Name, "algorithm", r.Algorithm.String(), "version", r.Version)
 	return &pb.PutRuleResponse{Rule: RuleToProto(r)}, nil
@@ -37,15 +70,20 @@ func (s *adminService) GetRule(ctx context.Context, req *pb.GetRuleRequest) (*pb
 		if err := rule.ValidName(req.GetName()); err != nil {
 			return nil, toError(err)
 		}
-		c := s.n.store.Table().Get(req.GetName())
+		c := s.n.cluster.Table().Get(req.GetName())
 		if c == nil {
-			return nil, status.Errorf(codes.NotFound, "rule %q not found", req.GetName())
+			return nil, status.Errorf(codes.NotFound, "rule %q not found on node %s", req.GetName(), s.n.cluster.ID())
 		}
 		return RuleToProto(c.Rule), nil
 	}
-	r, err := s.n.store.Get(ctx, req.GetName())
+	r, err := s.n.cluster.Get(ctx, req.GetName())
 	if err != nil {
-		return nil, toError(err)
+		var resp *pb.Rule
+		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) (err error) {
+			resp, err = c.GetRule(ctx, req)
+			return err
+		})
+		return resp, err
 	}
 	return RuleToProto(r), nil
 }
@@ -54,11 +92,16 @@ func (s *adminService) GetRule(ctx context.Context, req *pb.GetRuleRequest) (*pb
 func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) (*pb.ListRulesResponse, error) {
 	var rules []*rule.Rule
 	if req.GetLocal() {
-		rules = s.n.store.Table().Rules()
+		rules = s.n.cluster.Table().Rules()
 	} else {
 		var err error
-		if rules, err = s.n.store.List(ctx); err != nil {
-			return nil, toError(err)
+		if rules, err = s.n.cluster.List(ctx); err != nil {
+			var resp *pb.ListRulesResponse
+			err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) (err error) {
+				resp, err = c.ListRules(ctx, req)
+				return err
+			})
+			return resp, err
 		}
 	}
 	out := &pb.ListRulesResponse{Rules: make([]*pb.Rule, len(rules))}
@@ -70,9 +113,110 @@ func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) 
 
 // DeleteRule implements pb.AdminServiceServer.
 func (s *adminService) DeleteRule(ctx context.Context, req *pb.DeleteRuleRequest) (*pb.DeleteRuleResponse, error) {
-	if err := s.n.store.Delete(ctx, req.GetName(), req.ExpectedVersion); err != nil {
-		return nil, toError(err)
+	if err := s.n.cluster.Delete(ctx, req.GetName(), req.ExpectedVersion); err != nil {
+		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
+			_, err := c.DeleteRule(ctx, req)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &pb.DeleteRuleResponse{}, nil
 	}
 	s.n.log.Info("rule deleted", "rule", req.GetName())
 	return &pb.DeleteRuleResponse{}, nil
+}
+
+// JoinCluster implements pb.AdminServiceServer.
+func (s *adminService) JoinCluster(ctx context.Context, req *pb.JoinClusterRequest) (*pb.JoinClusterResponse, error) {
+	if req.GetId() == "" || req.GetRaftAddr() == "" || req.GetGrpcAddr() == "" {
+		return nil, status.Error(codes.InvalidArgument, "join needs id, raft_addr and grpc_addr")
+	}
+	if err := s.n.cluster.AddMember(ctx, req.GetId(), req.GetRaftAddr(), req.GetGrpcAddr()); err != nil {
+		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
+			_, err := c.JoinCluster(ctx, req)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &pb.JoinClusterResponse{}, nil
+}
+
+// RemoveMember implements pb.AdminServiceServer.
+func (s *adminService) RemoveMember(ctx context.Context, req *pb.RemoveMemberRequest) (*pb.RemoveMemberResponse, error) {
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is empty")
+	}
+	if err := s.n.cluster.RemoveMember(ctx, req.GetId()); err != nil {
+		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
+			_, err := c.RemoveMember(ctx, req)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.n.log.Info("member removed", "member", req.GetId())
+	return &pb.RemoveMemberResponse{}, nil
+}
+
+// NodeStatus implements pb.AdminServiceServer: this node alone.
+func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.NodeStatusResponse, error) {
+	st, err := s.n.cluster.Status()
+	if err != nil {
+		return nil, toError(err)
+	}
+	t := s.n.cluster.Table()
+	return &pb.NodeStatusResponse{
+		Id: st.ID, Role: strings.ToLower(st.State), Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
+		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.cluster.Ready(), RulesDigest: digest(t.Rules()), Rules: uint64(t.Len()),
+	}, nil
+}
+
+// digest is a short hash of a rule table, equal on replicas that agree.
+func digest(rules []*rule.Rule) string {
+	b, _ := json.Marshal(rules)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// ClusterStatus implements pb.AdminServiceServer: the membership as this
+// node sees it, with each member's own NodeStatus (asked concurrently, 2 s
+// at most each).
+func (s *adminService) ClusterStatus(ctx context.Context, _ *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
+	st, err := s.n.cluster.Status()
+	if err != nil {
+		return nil, toError(err)
+	}
+	out := &pb.ClusterStatusResponse{Leader: st.Leader, Epoch: st.Epoch, AnsweredBy: st.ID, Members: make([]*pb.MemberStatus, len(st.Members))}
+	var wg sync.WaitGroup
+	for i, m := range st.Members {
+		ms := &pb.MemberStatus{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: m.Voter, Live: m.Live, Role: "unreachable"}
+		out.Members[i] = ms
+		if m.GRPCAddr == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var ns *pb.NodeStatusResponse
+			var err error
+			if m.ID == st.ID {
+				ns, err = s.NodeStatus(ctx, nil)
+			} else if c, cerr := s.n.peers.conn(m.GRPCAddr); cerr == nil {
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				ns, err = pb.NewAdminServiceClient(c).NodeStatus(cctx, &pb.NodeStatusRequest{})
+				cancel()
+			} else {
+				err = cerr
+			}
+			if err == nil {
+				ms.Role, ms.AppliedIndex, ms.CommitIndex, ms.Term = ns.GetRole(), ns.GetAppliedIndex(), ns.GetCommitIndex(), ns.GetTerm()
+			}
+		}()
+	}
+	wg.Wait()
+	return out, nil
 }

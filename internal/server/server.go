@@ -23,15 +23,12 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // Config configures a Node. Start from DefaultConfig.
 type Config struct {
-	// NodeID names the node in the cluster view.
-	NodeID string
 	// GRPCAddr is where TokenService and AdminService listen.
 	GRPCAddr string
 	// HTTPAddr is where /healthz and /readyz listen; empty disables HTTP.
@@ -61,7 +58,6 @@ type Config struct {
 // DefaultConfig returns the configuration of the no-flag single node.
 func DefaultConfig() Config {
 	return Config{
-		NodeID:          "node-1",
 		GRPCAddr:        "127.0.0.1:7070",
 		HTTPAddr:        "127.0.0.1:7072",
 		MaxBuckets:      1_000_000,
@@ -75,8 +71,6 @@ func DefaultConfig() Config {
 // Validate reports the first problem with c, naming the field.
 func (c *Config) Validate() error {
 	switch {
-	case c.NodeID == "":
-		return errors.New("node id is empty")
 	case c.GRPCAddr == "":
 		return errors.New("grpc address is empty")
 	case c.MaxBuckets < 0:
@@ -107,13 +101,15 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg     Config
 	log     *slog.Logger
-	store   rule.Store
+	cluster Cluster
+	peers   *peers
 	buckets *shard.Map
 	now     func() int64
 	grpc    *grpc.Server
 	health  *health.Server
-	ready   atomic.Bool
-	done    chan struct{}
+	ready    atomic.Bool
+	forwards atomic.Int64 // calls forwarded to other nodes
+	done     chan struct{}
 
 	mu       sync.Mutex
 	grpcLis  net.Listener
@@ -123,15 +119,16 @@ type Node struct {
 	wg       sync.WaitGroup
 }
 
-// New builds a node over store. Call Serve (or ListenAndServe) to run it.
-func New(cfg Config, store rule.Store) (*Node, error) {
+// New builds a node over c. Call Serve to run it.
+func New(cfg Config, c Cluster) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("server config: %w", err)
 	}
 	n := &Node{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		store:   store,
+		cluster: c,
+		peers:   newPeers(),
 		buckets: shard.New(shard.Config{Shards: cfg.Shards, MaxBuckets: cfg.MaxBuckets}),
 		now:     cfg.Clock,
 		health:  health.NewServer(),
@@ -162,8 +159,8 @@ func New(cfg Config, store rule.Store) (*Node, error) {
 // Buckets exposes the node's bucket map (for metrics and tests).
 func (n *Node) Buckets() *shard.Map { return n.buckets }
 
-// epoch is the ownership epoch; a single node's view never changes.
-func (n *Node) epoch() uint64 { return 1 }
+// Cluster returns the node's cluster (rules and membership).
+func (n *Node) Cluster() Cluster { return n.cluster }
 
 // advertiseGRPC is the address others dial.
 func (n *Node) advertiseGRPC() string {
@@ -227,6 +224,24 @@ func (n *Node) Listen() error {
 	return nil
 }
 
+// ServeOn runs the node with its gRPC server on lis (tests pass a bufconn
+// listener) and its HTTP server, if any, on a new listener.
+func (n *Node) ServeOn(ctx context.Context, lis net.Listener) error {
+	n.mu.Lock()
+	n.grpcLis = lis
+	n.mu.Unlock()
+	if n.cfg.HTTPAddr != "" && n.HTTPAddr() == "" {
+		hl, err := net.Listen("tcp", n.cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("listen http %s: %w", n.cfg.HTTPAddr, err)
+		}
+		n.mu.Lock()
+		n.httpLis = hl
+		n.mu.Unlock()
+	}
+	return n.Serve(ctx)
+}
+
 // Serve runs the node on the listeners Listen opened (it calls Listen when
 // none is open) until ctx ends, then stops gracefully.
 func (n *Node) Serve(ctx context.Context) error {
@@ -256,7 +271,7 @@ func (n *Node) Serve(ctx context.Context) error {
 	n.wg.Add(1)
 	go n.sweep()
 	n.setServing(true)
-	n.log.Info("tokenserver serving", "node", n.cfg.NodeID, "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "max_buckets", n.cfg.MaxBuckets)
+	n.log.Info("tokenserver serving", "node", n.cluster.ID(), "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "max_buckets", n.cfg.MaxBuckets)
 	var err error
 	select {
 	case <-ctx.Done():
@@ -270,9 +285,14 @@ func (n *Node) Serve(ctx context.Context) error {
 // for up to ShutdownGrace, then closes everything. It is safe to call twice.
 func (n *Node) Stop() {
 	n.stopOnce.Do(func() {
-		n.log.Info("tokenserver stopping", "node", n.cfg.NodeID)
+		n.log.Info("tokenserver stopping", "node", n.cluster.ID())
 		n.setServing(false)
 		close(n.done)
+		// Leave the cluster first (a leader hands over leadership) while
+		// the data plane still answers from the local rule table.
+		if err := n.cluster.Close(); err != nil {
+			n.log.Warn("leaving the cluster", "err", err)
+		}
 		stopped := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(stopped) }()
 		select {
@@ -286,6 +306,7 @@ func (n *Node) Stop() {
 			cancel()
 		}
 		n.wg.Wait()
+		n.peers.close()
 	})
 }
 
@@ -299,7 +320,7 @@ func (n *Node) sweep() {
 		case <-n.done:
 			return
 		case <-t.C:
-			n.buckets.Sweep(n.now(), n.store.Table())
+			n.buckets.Sweep(n.now(), n.cluster.Table())
 		}
 	}
 }
@@ -313,7 +334,11 @@ func (n *Node) httpHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !n.ready.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: not serving", http.StatusServiceUnavailable)
+			return
+		}
+		if !n.cluster.Ready() {
+			http.Error(w, "not ready: catching up with the Raft log or no routing view yet", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

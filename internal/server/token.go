@@ -3,12 +3,16 @@ package server
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -40,9 +44,26 @@ func lookup(t *rule.Table, name, key string) (*rule.Compiled, error) {
 	return c, nil
 }
 
+// route returns the owner of key when it is another node and the call may
+// be forwarded; nil when this node answers. A forwarded call is always
+// answered where it lands.
+func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster.Member, error) {
+	if v.Len() == 0 {
+		return nil, status.Error(codes.Unavailable, "this node has no routing view yet; retry")
+	}
+	if forwarded(ctx) {
+		return nil, nil
+	}
+	owner, _ := v.Owner(key)
+	if owner.ID == n.cluster.ID() {
+		return nil, nil
+	}
+	return &owner, nil
+}
+
 // decide answers one acquire into resp, except its grant id, which the
 // caller encodes from the returned grant.
-func (n *Node) decide(t *rule.Table, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (shard.Grant, error) {
+func (n *Node) decide(t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (shard.Grant, error) {
 	c, err := lookup(t, req.GetRule(), req.GetKey())
 	if err != nil {
 		return shard.Grant{}, err
@@ -62,16 +83,33 @@ func (n *Node) decide(t *rule.Table, req *pb.AcquireTokenRequest, resp *pb.Acqui
 	resp.ResetAfterNs = d.ResetAfter
 	resp.WaitBeforeNs = d.WaitBefore
 	resp.RuleVersion = c.Rule.Version
-	resp.Epoch = n.epoch()
+	resp.Epoch = epoch
 	resp.Reason = pb.Reason(d.Reason)
 	resp.ShadowDenied = d.ShadowDenied
 	return d.Grant, nil
 }
 
 // AcquireToken implements pb.TokenServiceServer.
-func (s *tokenService) AcquireToken(_ context.Context, req *pb.AcquireTokenRequest) (*pb.AcquireTokenResponse, error) {
+func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenRequest) (*pb.AcquireTokenResponse, error) {
+	v := s.n.cluster.View()
+	owner, err := s.n.route(ctx, v, req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	if owner != nil {
+		c, err := s.n.peers.conn(owner.GRPCAddr)
+		if err != nil {
+			return nil, peerError("owner "+owner.ID, err)
+		}
+		s.n.forwards.Add(1)
+		resp, err := pb.NewTokenServiceClient(c).AcquireToken(markForwarded(ctx), req)
+		if err != nil {
+			return nil, peerError("owner "+owner.ID, err)
+		}
+		return resp, nil
+	}
 	resp := new(pb.AcquireTokenResponse)
-	g, err := s.n.decide(s.n.store.Table(), req, resp)
+	g, err := s.n.decide(s.n.cluster.Table(), v.Epoch, req, resp)
 	if err != nil {
 		return nil, toError(err)
 	}
@@ -79,23 +117,41 @@ func (s *tokenService) AcquireToken(_ context.Context, req *pb.AcquireTokenReque
 	return resp, nil
 }
 
-// AcquireTokens implements pb.TokenServiceServer. It decides the items in
-// order on the calling goroutine with a fixed number of allocations per
-// batch (the response structs and grant ids are carved from shared slices).
-func (s *tokenService) AcquireTokens(_ context.Context, req *pb.AcquireTokensRequest) (*pb.AcquireTokensResponse, error) {
+// AcquireTokens implements pb.TokenServiceServer. Items this node owns are
+// decided in order on the calling goroutine, with a fixed number of
+// allocations per batch (response structs and grant ids are carved from
+// shared slices); items of other owners travel as one sub-batch per owner,
+// sent concurrently.
+func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensRequest) (*pb.AcquireTokensResponse, error) {
 	items := req.GetRequests()
 	if len(items) > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "requests has %d items, above the limit of %d per call", len(items), MaxBatch)
 	}
-	t := s.n.store.Table()
+	v := s.n.cluster.View()
+	if v.Len() == 0 {
+		return nil, status.Error(codes.Unavailable, "this node has no routing view yet; retry")
+	}
+	t := s.n.cluster.Table()
 	results := make([]pb.AcquireTokensResult, len(items))
 	resps := make([]pb.AcquireTokenResponse, len(items))
 	out := &pb.AcquireTokensResponse{Results: make([]*pb.AcquireTokensResult, len(items))}
 	ids := make([]byte, 0, len(items)*shard.GrantIDLen)
 	ends := make([]int32, len(items)) // end of item i's id in ids; 0 for none
+	var remote map[string][]int       // owner id → item indexes
+	fwd := forwarded(ctx)
+	self := s.n.cluster.ID()
 	for i, it := range items {
 		out.Results[i] = &results[i]
-		g, err := s.n.decide(t, it, &resps[i])
+		if !fwd {
+			if owner, _ := v.Owner(it.GetKey()); owner.ID != self {
+				if remote == nil {
+					remote = map[string][]int{}
+				}
+				remote[owner.ID] = append(remote[owner.ID], i)
+				continue
+			}
+		}
+		g, err := s.n.decide(t, v.Epoch, it, &resps[i])
 		if err != nil {
 			results[i].Status = toStatus(err).Proto()
 			continue
@@ -112,24 +168,85 @@ func (s *tokenService) AcquireTokens(_ context.Context, req *pb.AcquireTokensReq
 			resps[i].GrantId = all[int(end)-shard.GrantIDLen : end]
 		}
 	}
+	if remote != nil {
+		s.n.forwardBatch(ctx, v, items, remote, out.Results)
+	}
 	return out, nil
 }
 
-// RefillToken implements pb.TokenServiceServer.
-func (s *tokenService) RefillToken(_ context.Context, req *pb.RefillTokenRequest) (*pb.RefillTokenResponse, error) {
-	c, err := lookup(s.n.store.Table(), req.GetRule(), req.GetKey())
-	if err != nil {
-		return nil, toError(err)
+// forwardBatch sends each owner its items as one AcquireTokens call and
+// writes the answers (or the call's error, per item) into results.
+func (n *Node) forwardBatch(ctx context.Context, v *cluster.View, items []*pb.AcquireTokenRequest, remote map[string][]int, results []*pb.AcquireTokensResult) {
+	var wg sync.WaitGroup
+	for id, idx := range remote {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			owner, _ := v.Member(id)
+			sub := &pb.AcquireTokensRequest{Requests: make([]*pb.AcquireTokenRequest, len(idx))}
+			for j, i := range idx {
+				sub.Requests[j] = items[i]
+			}
+			var resp *pb.AcquireTokensResponse
+			c, err := n.peers.conn(owner.GRPCAddr)
+			if err == nil {
+				n.forwards.Add(1)
+				resp, err = pb.NewTokenServiceClient(c).AcquireTokens(markForwarded(ctx), sub)
+			}
+			if err == nil && len(resp.GetResults()) != len(idx) {
+				err = status.Errorf(codes.Internal, "owner %s answered %d items for %d", id, len(resp.GetResults()), len(idx))
+			}
+			for j, i := range idx {
+				if err != nil {
+					results[i].Status = status.Convert(peerError("owner "+id, err)).Proto()
+				} else {
+					results[i].Status = resp.GetResults()[j].GetStatus()
+					results[i].Response = resp.GetResults()[j].GetResponse()
+				}
+			}
+		}()
 	}
-	permits := int64(-1)
-	if req.Permits != nil {
-		if *req.Permits < 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "permits must be >= 0, got %d", *req.Permits)
-		}
-		permits = *req.Permits
+	wg.Wait()
+}
+
+// owned resolves the rule and key of a refill or renew on this node, or
+// returns the owner to forward to.
+func (n *Node) owned(ctx context.Context, name, key string) (*rule.Compiled, *cluster.Member, error) {
+	owner, err := n.route(ctx, n.cluster.View(), key)
+	if err != nil || owner != nil {
+		return nil, owner, err
+	}
+	c, err := lookup(n.cluster.Table(), name, key)
+	return c, nil, err
+}
+
+// RefillToken implements pb.TokenServiceServer.
+func (s *tokenService) RefillToken(ctx context.Context, req *pb.RefillTokenRequest) (*pb.RefillTokenResponse, error) {
+	if req.Permits != nil && *req.Permits < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "permits must be >= 0, got %d", *req.Permits)
 	}
 	if req.GetGrantId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "grant_id is empty")
+	}
+	c, owner, err := s.n.owned(ctx, req.GetRule(), req.GetKey())
+	if err != nil {
+		return nil, toError(err)
+	}
+	if owner != nil {
+		conn, err := s.n.peers.conn(owner.GRPCAddr)
+		if err != nil {
+			return nil, peerError("owner "+owner.ID, err)
+		}
+		s.n.forwards.Add(1)
+		resp, err := pb.NewTokenServiceClient(conn).RefillToken(markForwarded(ctx), req)
+		if err != nil {
+			return nil, peerError("owner "+owner.ID, err)
+		}
+		return resp, nil
+	}
+	permits := int64(-1)
+	if req.Permits != nil {
+		permits = *req.Permits
 	}
 	refilled, remaining, err := s.n.buckets.Refill(c, req.GetKey(), req.GetGrantId(), permits, s.n.now())
 	if err != nil {
@@ -139,13 +256,25 @@ func (s *tokenService) RefillToken(_ context.Context, req *pb.RefillTokenRequest
 }
 
 // RenewLease implements pb.TokenServiceServer.
-func (s *tokenService) RenewLease(_ context.Context, req *pb.RenewLeaseRequest) (*pb.RenewLeaseResponse, error) {
-	c, err := lookup(s.n.store.Table(), req.GetRule(), req.GetKey())
+func (s *tokenService) RenewLease(ctx context.Context, req *pb.RenewLeaseRequest) (*pb.RenewLeaseResponse, error) {
+	if req.GetGrantId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "grant_id is empty")
+	}
+	c, owner, err := s.n.owned(ctx, req.GetRule(), req.GetKey())
 	if err != nil {
 		return nil, toError(err)
 	}
-	if req.GetGrantId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "grant_id is empty")
+	if owner != nil {
+		conn, err := s.n.peers.conn(owner.GRPCAddr)
+		if err != nil {
+			return nil, peerError("owner "+owner.ID, err)
+		}
+		s.n.forwards.Add(1)
+		resp, err := pb.NewTokenServiceClient(conn).RenewLease(markForwarded(ctx), req)
+		if err != nil {
+			return nil, peerError("owner "+owner.ID, err)
+		}
+		return resp, nil
 	}
 	ok, err := s.n.buckets.Renew(c, req.GetKey(), req.GetGrantId(), s.n.now())
 	if err != nil {
@@ -160,19 +289,28 @@ func (s *tokenService) RenewLease(_ context.Context, req *pb.RenewLeaseRequest) 
 
 // GetClusterView implements pb.TokenServiceServer.
 func (s *tokenService) GetClusterView(context.Context, *pb.GetClusterViewRequest) (*pb.ClusterView, error) {
-	return s.n.view(s.n.store.Table()), nil
+	return s.n.clusterView(), nil
 }
 
 // WatchClusterView implements pb.TokenServiceServer: the current view, then
-// a new one after every rule change, until the client goes away.
+// a new one after every change of the members, the leader or the rules,
+// until the client goes away.
 func (s *tokenService) WatchClusterView(_ *pb.GetClusterViewRequest, stream grpc.ServerStreamingServer[pb.ClusterView]) error {
+	var last *pb.ClusterView
+	tick := time.NewTicker(time.Second) // leader changes have no signal of their own
+	defer tick.Stop()
 	for {
-		t := s.n.store.Table()
-		if err := stream.Send(s.n.view(t)); err != nil {
-			return err
+		t, viewChanged := s.n.cluster.Table(), s.n.cluster.ViewChanged()
+		if v := s.n.clusterView(); !proto.Equal(v, last) {
+			if err := stream.Send(v); err != nil {
+				return err
+			}
+			last = v
 		}
 		select {
 		case <-t.Changed():
+		case <-viewChanged:
+		case <-tick.C:
 		case <-stream.Context().Done():
 			return nil
 		case <-s.n.done:
@@ -181,15 +319,16 @@ func (s *tokenService) WatchClusterView(_ *pb.GetClusterViewRequest, stream grpc
 	}
 }
 
-// view is the cluster view of a single node: itself, leading, epoch 1.
-func (n *Node) view(t *rule.Table) *pb.ClusterView {
-	v := &pb.ClusterView{
-		Members: []*pb.Member{{Id: n.cfg.NodeID, GrpcAddr: n.advertiseGRPC(), Voter: true}},
-		Leader:  n.cfg.NodeID,
-		Epoch:   n.epoch(),
+// clusterView is what clients need to route and fall back.
+func (n *Node) clusterView() *pb.ClusterView {
+	v := n.cluster.View()
+	leader, _ := n.cluster.Leader()
+	out := &pb.ClusterView{Leader: leader, Epoch: v.Epoch}
+	for _, m := range v.Members() {
+		out.Members = append(out.Members, &pb.Member{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: m.Voter})
 	}
-	for _, r := range t.Rules() {
-		v.Rules = append(v.Rules, clientRule(r))
+	for _, r := range n.cluster.Table().Rules() {
+		out.Rules = append(out.Rules, clientRule(r))
 	}
-	return v
+	return out
 }

@@ -1803,6 +1803,554 @@ func (*DeleteRuleResponse) Descriptor() ([]byte, []int) {
 	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{23}
 }
 
+type ClusterStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterStatusRequest) Reset() {
+	*x = ClusterStatusRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterStatusRequest) ProtoMessage() {}
+
+func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
+func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{24}
+}
+
+type ClusterStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node id of the leader; empty while none is known.
+	Leader string `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	// The routing epoch.
+	Epoch   uint64          `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Members []*MemberStatus `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	// The node that answered.
+	AnsweredBy    string `protobuf:"bytes,4,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterStatusResponse) Reset() {
+	*x = ClusterStatusResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterStatusResponse) ProtoMessage() {}
+
+func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
+func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ClusterStatusResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *ClusterStatusResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetMembers() []*MemberStatus {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *ClusterStatusResponse) GetAnsweredBy() string {
+	if x != nil {
+		return x.AnsweredBy
+	}
+	return ""
+}
+
+// MemberStatus is one member of the Raft configuration.
+type MemberStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GrpcAddr string                 `protobuf:"bytes,2,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	// leader, follower, candidate; "unreachable" when the member did not
+	// answer its NodeStatus.
+	Role  string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	Voter bool   `protobuf:"varint,5,opt,name=voter,proto3" json:"voter,omitempty"`
+	// In the routing view: owns keys.
+	Live          bool   `protobuf:"varint,6,opt,name=live,proto3" json:"live,omitempty"`
+	AppliedIndex  uint64 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	CommitIndex   uint64 `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	Term          uint64 `protobuf:"varint,9,opt,name=term,proto3" json:"term,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberStatus) Reset() {
+	*x = MemberStatus{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberStatus) ProtoMessage() {}
+
+func (x *MemberStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
+func (*MemberStatus) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MemberStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+func (x *MemberStatus) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+func (x *MemberStatus) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+type NodeStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusRequest) Reset() {
+	*x = NodeStatusRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusRequest) ProtoMessage() {}
+
+func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
+func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{27}
+}
+
+type NodeStatusResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Role         string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Term         uint64                 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	CommitIndex  uint64                 `protobuf:"varint,4,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	AppliedIndex uint64                 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Leader       string                 `protobuf:"bytes,6,opt,name=leader,proto3" json:"leader,omitempty"`
+	Epoch        uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Ready        bool                   `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Digest of the rule table, to compare replicas.
+	RulesDigest   string `protobuf:"bytes,9,opt,name=rules_digest,json=rulesDigest,proto3" json:"rules_digest,omitempty"`
+	Rules         uint64 `protobuf:"varint,10,opt,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusResponse) Reset() {
+	*x = NodeStatusResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusResponse) ProtoMessage() {}
+
+func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
+func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *NodeStatusResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *NodeStatusResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *NodeStatusResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *NodeStatusResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *NodeStatusResponse) GetRulesDigest() string {
+	if x != nil {
+		return x.RulesDigest
+	}
+	return ""
+}
+
+func (x *NodeStatusResponse) GetRules() uint64 {
+	if x != nil {
+		return x.Rules
+	}
+	return 0
+}
+
+type JoinClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	GrpcAddr      string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClusterRequest) Reset() {
+	*x = JoinClusterRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClusterRequest) ProtoMessage() {}
+
+func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
+func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *JoinClusterRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinClusterRequest) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *JoinClusterRequest) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+type JoinClusterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClusterResponse) Reset() {
+	*x = JoinClusterResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClusterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClusterResponse) ProtoMessage() {}
+
+func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
+func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{30}
+}
+
+type RemoveMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberRequest) Reset() {
+	*x = RemoveMemberRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberRequest) ProtoMessage() {}
+
+func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
+func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *RemoveMemberRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberResponse) Reset() {
+	*x = RemoveMemberResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberResponse) ProtoMessage() {}
+
+func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
+func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{32}
+}
+
 var File_tokenserver_v1_tokenserver_proto protoreflect.FileDescriptor
 
 const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
@@ -1923,7 +2471,45 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
 	"\x11_expected_version\"\x14\n" +
-	"\x12DeleteRuleResponse*\x92\x01\n" +
+	"\x12DeleteRuleResponse\"\x16\n" +
+	"\x14ClusterStatusRequest\"\x9e\x01\n" +
+	"\x15ClusterStatusResponse\x12\x16\n" +
+	"\x06leader\x18\x01 \x01(\tR\x06leader\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
+	"\amembers\x18\x03 \x03(\v2\x1c.tokenserver.v1.MemberStatusR\amembers\x12\x1f\n" +
+	"\vanswered_by\x18\x04 \x01(\tR\n" +
+	"answeredBy\"\xf2\x01\n" +
+	"\fMemberStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
+	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x12\n" +
+	"\x04role\x18\x04 \x01(\tR\x04role\x12\x14\n" +
+	"\x05voter\x18\x05 \x01(\bR\x05voter\x12\x12\n" +
+	"\x04live\x18\x06 \x01(\bR\x04live\x12#\n" +
+	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex\x12!\n" +
+	"\fcommit_index\x18\b \x01(\x04R\vcommitIndex\x12\x12\n" +
+	"\x04term\x18\t \x01(\x04R\x04term\"\x13\n" +
+	"\x11NodeStatusRequest\"\x91\x02\n" +
+	"\x12NodeStatusResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12!\n" +
+	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex\x12#\n" +
+	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12\x16\n" +
+	"\x06leader\x18\x06 \x01(\tR\x06leader\x12\x14\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05ready\x18\b \x01(\bR\x05ready\x12!\n" +
+	"\frules_digest\x18\t \x01(\tR\vrulesDigest\x12\x14\n" +
+	"\x05rules\x18\n" +
+	" \x01(\x04R\x05rules\"^\n" +
+	"\x12JoinClusterRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
+	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\"\x15\n" +
+	"\x13JoinClusterResponse\"%\n" +
+	"\x13RemoveMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
+	"\x14RemoveMemberResponse*\x92\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTOKEN_BUCKET\x10\x01\x12\x10\n" +
@@ -1951,13 +2537,18 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
 	"RenewLease\x12!.tokenserver.v1.RenewLeaseRequest\x1a\".tokenserver.v1.RenewLeaseResponse\x12T\n" +
 	"\x0eGetClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView\x12X\n" +
-	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xc2\x02\n" +
+	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xa8\x05\n" +
 	"\fAdminService\x12J\n" +
 	"\aPutRule\x12\x1e.tokenserver.v1.PutRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12?\n" +
 	"\aGetRule\x12\x1e.tokenserver.v1.GetRuleRequest\x1a\x14.tokenserver.v1.Rule\x12P\n" +
 	"\tListRules\x12 .tokenserver.v1.ListRulesRequest\x1a!.tokenserver.v1.ListRulesResponse\x12S\n" +
 	"\n" +
-	"DeleteRule\x12!.tokenserver.v1.DeleteRuleRequest\x1a\".tokenserver.v1.DeleteRuleResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
+	"DeleteRule\x12!.tokenserver.v1.DeleteRuleRequest\x1a\".tokenserver.v1.DeleteRuleResponse\x12\\\n" +
+	"\rClusterStatus\x12$.tokenserver.v1.ClusterStatusRequest\x1a%.tokenserver.v1.ClusterStatusResponse\x12S\n" +
+	"\n" +
+	"NodeStatus\x12!.tokenserver.v1.NodeStatusRequest\x1a\".tokenserver.v1.NodeStatusResponse\x12V\n" +
+	"\vJoinCluster\x12\".tokenserver.v1.JoinClusterRequest\x1a#.tokenserver.v1.JoinClusterResponse\x12Y\n" +
+	"\fRemoveMember\x12#.tokenserver.v1.RemoveMemberRequest\x1a$.tokenserver.v1.RemoveMemberResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
 
 var (
 	file_tokenserver_v1_tokenserver_proto_rawDescOnce sync.Once
@@ -1972,7 +2563,7 @@ func file_tokenserver_v1_tokenserver_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
 	(Algorithm)(0),                // 0: tokenserver.v1.Algorithm
 	(FallbackPolicy)(0),           // 1: tokenserver.v1.FallbackPolicy
@@ -2001,58 +2592,76 @@ var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
 	(*ListRulesResponse)(nil),     // 24: tokenserver.v1.ListRulesResponse
 	(*DeleteRuleRequest)(nil),     // 25: tokenserver.v1.DeleteRuleRequest
 	(*DeleteRuleResponse)(nil),    // 26: tokenserver.v1.DeleteRuleResponse
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*status.Status)(nil),         // 28: google.rpc.Status
+	(*ClusterStatusRequest)(nil),  // 27: tokenserver.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil), // 28: tokenserver.v1.ClusterStatusResponse
+	(*MemberStatus)(nil),          // 29: tokenserver.v1.MemberStatus
+	(*NodeStatusRequest)(nil),     // 30: tokenserver.v1.NodeStatusRequest
+	(*NodeStatusResponse)(nil),    // 31: tokenserver.v1.NodeStatusResponse
+	(*JoinClusterRequest)(nil),    // 32: tokenserver.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),   // 33: tokenserver.v1.JoinClusterResponse
+	(*RemoveMemberRequest)(nil),   // 34: tokenserver.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),  // 35: tokenserver.v1.RemoveMemberResponse
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
+	(*status.Status)(nil),         // 37: google.rpc.Status
 }
 var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	0,  // 0: tokenserver.v1.Rule.algorithm:type_name -> tokenserver.v1.Algorithm
-	27, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
-	27, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
-	27, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
+	36, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
+	36, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
+	36, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
 	4,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
 	5,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
 	6,  // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
 	1,  // 7: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
-	27, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	36, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
 	2,  // 9: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
 	7,  // 10: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
 	11, // 11: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
-	28, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
+	37, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
 	8,  // 13: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
 	18, // 14: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
 	19, // 15: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
 	0,  // 16: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
-	27, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
+	36, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
 	5,  // 18: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
 	6,  // 19: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
 	3,  // 20: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
 	3,  // 21: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
 	3,  // 22: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
-	7,  // 23: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
-	9,  // 24: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
-	12, // 25: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
-	14, // 26: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
-	16, // 27: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	16, // 28: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	20, // 29: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
-	22, // 30: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
-	23, // 31: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
-	25, // 32: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
-	8,  // 33: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	10, // 34: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	13, // 35: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	15, // 36: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	17, // 37: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	17, // 38: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 39: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	3,  // 40: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	24, // 41: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	26, // 42: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	33, // [33:43] is the sub-list for method output_type
-	23, // [23:33] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	29, // 23: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
+	7,  // 24: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
+	9,  // 25: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
+	12, // 26: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
+	14, // 27: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
+	16, // 28: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	16, // 29: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	20, // 30: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
+	22, // 31: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
+	23, // 32: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
+	25, // 33: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
+	27, // 34: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
+	30, // 35: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
+	32, // 36: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
+	34, // 37: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
+	8,  // 38: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	10, // 39: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	13, // 40: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	15, // 41: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	17, // 42: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	17, // 43: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 44: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	3,  // 45: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	24, // 46: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	26, // 47: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	28, // 48: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	31, // 49: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	33, // 50: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	35, // 51: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	38, // [38:52] is the sub-list for method output_type
+	24, // [24:38] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_v1_tokenserver_proto_init() }
@@ -2070,7 +2679,7 @@ func file_tokenserver_v1_tokenserver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_v1_tokenserver_proto_rawDesc), len(file_tokenserver_v1_tokenserver_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

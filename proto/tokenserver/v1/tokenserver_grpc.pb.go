@@ -356,17 +356,23 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_PutRule_FullMethodName    = "/tokenserver.v1.AdminService/PutRule"
-	AdminService_GetRule_FullMethodName    = "/tokenserver.v1.AdminService/GetRule"
-	AdminService_ListRules_FullMethodName  = "/tokenserver.v1.AdminService/ListRules"
-	AdminService_DeleteRule_FullMethodName = "/tokenserver.v1.AdminService/DeleteRule"
+	AdminService_PutRule_FullMethodName       = "/tokenserver.v1.AdminService/PutRule"
+	AdminService_GetRule_FullMethodName       = "/tokenserver.v1.AdminService/GetRule"
+	AdminService_ListRules_FullMethodName     = "/tokenserver.v1.AdminService/ListRules"
+	AdminService_DeleteRule_FullMethodName    = "/tokenserver.v1.AdminService/DeleteRule"
+	AdminService_ClusterStatus_FullMethodName = "/tokenserver.v1.AdminService/ClusterStatus"
+	AdminService_NodeStatus_FullMethodName    = "/tokenserver.v1.AdminService/NodeStatus"
+	AdminService_JoinCluster_FullMethodName   = "/tokenserver.v1.AdminService/JoinCluster"
+	AdminService_RemoveMember_FullMethodName  = "/tokenserver.v1.AdminService/RemoveMember"
 )
 
 // AdminServiceClient is the client API for AdminService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// AdminService is the control plane: rules.
+// AdminService is the control plane: rules and membership. Writes go to the
+// Raft leader; a follower forwards them. Reads are current (through the
+// leader) unless `local` asks for the answering node's own copy.
 type AdminServiceClient interface {
 	// PutRule creates or replaces a rule. With `expected_version` set it is a
 	// compare-and-set: FAILED_PRECONDITION unless the stored version matches
@@ -378,6 +384,16 @@ type AdminServiceClient interface {
 	ListRules(ctx context.Context, in *ListRulesRequest, opts ...grpc.CallOption) (*ListRulesResponse, error)
 	// DeleteRule removes a rule; its buckets are dropped.
 	DeleteRule(ctx context.Context, in *DeleteRuleRequest, opts ...grpc.CallOption) (*DeleteRuleResponse, error)
+	// ClusterStatus describes the cluster as the answering node sees it, with
+	// each member's own status.
+	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
+	// NodeStatus describes the answering node alone.
+	NodeStatus(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatusResponse, error)
+	// JoinCluster adds a node: a voter while there are fewer than 5, else a
+	// non-voter. Joining again with the same addresses changes nothing.
+	JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error)
+	// RemoveMember takes a node out of the cluster.
+	RemoveMember(ctx context.Context, in *RemoveMemberRequest, opts ...grpc.CallOption) (*RemoveMemberResponse, error)
 }
 
 type adminServiceClient struct {
@@ -428,11 +444,53 @@ func (c *adminServiceClient) DeleteRule(ctx context.Context, in *DeleteRuleReque
 	return out, nil
 }
 
+func (c *adminServiceClient) ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterStatusResponse)
+	err := c.cc.Invoke(ctx, AdminService_ClusterStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) NodeStatus(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodeStatusResponse)
+	err := c.cc.Invoke(ctx, AdminService_NodeStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinClusterResponse)
+	err := c.cc.Invoke(ctx, AdminService_JoinCluster_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RemoveMember(ctx context.Context, in *RemoveMemberRequest, opts ...grpc.CallOption) (*RemoveMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveMemberResponse)
+	err := c.cc.Invoke(ctx, AdminService_RemoveMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
 //
-// AdminService is the control plane: rules.
+// AdminService is the control plane: rules and membership. Writes go to the
+// Raft leader; a follower forwards them. Reads are current (through the
+// leader) unless `local` asks for the answering node's own copy.
 type AdminServiceServer interface {
 	// PutRule creates or replaces a rule. With `expected_version` set it is a
 	// compare-and-set: FAILED_PRECONDITION unless the stored version matches
@@ -444,6 +502,16 @@ type AdminServiceServer interface {
 	ListRules(context.Context, *ListRulesRequest) (*ListRulesResponse, error)
 	// DeleteRule removes a rule; its buckets are dropped.
 	DeleteRule(context.Context, *DeleteRuleRequest) (*DeleteRuleResponse, error)
+	// ClusterStatus describes the cluster as the answering node sees it, with
+	// each member's own status.
+	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
+	// NodeStatus describes the answering node alone.
+	NodeStatus(context.Context, *NodeStatusRequest) (*NodeStatusResponse, error)
+	// JoinCluster adds a node: a voter while there are fewer than 5, else a
+	// non-voter. Joining again with the same addresses changes nothing.
+	JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error)
+	// RemoveMember takes a node out of the cluster.
+	RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -465,6 +533,18 @@ func (UnimplementedAdminServiceServer) ListRules(context.Context, *ListRulesRequ
 }
 func (UnimplementedAdminServiceServer) DeleteRule(context.Context, *DeleteRuleRequest) (*DeleteRuleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteRule not implemented")
+}
+func (UnimplementedAdminServiceServer) ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClusterStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) NodeStatus(context.Context, *NodeStatusRequest) (*NodeStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NodeStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinCluster not implemented")
+}
+func (UnimplementedAdminServiceServer) RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveMember not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -559,6 +639,78 @@ func _AdminService_DeleteRule_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ClusterStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClusterStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ClusterStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ClusterStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ClusterStatus(ctx, req.(*ClusterStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_NodeStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NodeStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).NodeStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_NodeStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).NodeStatus(ctx, req.(*NodeStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_JoinCluster_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinClusterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).JoinCluster(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_JoinCluster_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).JoinCluster(ctx, req.(*JoinClusterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RemoveMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RemoveMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RemoveMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RemoveMember(ctx, req.(*RemoveMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -581,6 +733,22 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteRule",
 			Handler:    _AdminService_DeleteRule_Handler,
+		},
+		{
+			MethodName: "ClusterStatus",
+			Handler:    _AdminService_ClusterStatus_Handler,
+		},
+		{
+			MethodName: "NodeStatus",
+			Handler:    _AdminService_NodeStatus_Handler,
+		},
+		{
+			MethodName: "JoinCluster",
+			Handler:    _AdminService_JoinCluster_Handler,
+		},
+		{
+			MethodName: "RemoveMember",
+			Handler:    _AdminService_RemoveMember_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

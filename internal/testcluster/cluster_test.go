@@ -1,0 +1,186 @@
+package testcluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func tokenBucket(name string, limit int64) *pb.Rule {
+	return &pb.Rule{Name: name, Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: limit, Period: durationpb.New(time.Hour)}
+}
+
+func TestRulesThroughFollower(t *testing.T) {
+	c := New(t, 3)
+	f := c.Follower()
+	resp, err := f.Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("api", 3)})
+	if err != nil {
+		t.Fatalf("put through a follower: %v", err)
+	}
+	for _, n := range c.Nodes {
+		c.WaitFor(n.ID+" has the rule", func() bool {
+			r, err := n.Admin().GetRule(ctx(t), &pb.GetRuleRequest{Name: "api", Local: true})
+			return err == nil && r.GetVersion() == resp.GetRule().GetVersion()
+		})
+		if r, err := n.Admin().GetRule(ctx(t), &pb.GetRuleRequest{Name: "api"}); err != nil || r.GetLimit() != 3 {
+			t.Fatalf("%s: current read: %v %v", n.ID, r, err)
+		}
+	}
+	_, err = f.Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("api", 4), ExpectedVersion: ptr(uint64(1))})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("stale compare-and-set through a follower: %v", err)
+	}
+	if _, err := f.Admin().DeleteRule(ctx(t), &pb.DeleteRuleRequest{Name: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Leader().Admin().GetRule(ctx(t), &pb.GetRuleRequest{Name: "api"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("deleted rule: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestForwarding: whichever node a client calls, a key's decisions are made
+// by its owner alone, so the limit holds across nodes.
+func TestForwarding(t *testing.T) {
+	c := New(t, 3)
+	if _, err := c.Leader().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("api", 3)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		c.WaitFor("rule everywhere", func() bool { return n.Cluster().Table().Get("api") != nil })
+	}
+	for _, owner := range c.Nodes {
+		key := c.KeyOwnedBy(owner.ID, "user")
+		allowed := 0
+		for i := 0; i < 6; i++ {
+			via := c.Nodes[i%3]
+			resp, err := via.Token().AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "api", Key: key})
+			if err != nil {
+				t.Fatalf("acquire %s via %s: %v", key, via.ID, err)
+			}
+			if resp.GetAllowed() {
+				allowed++
+				// The grant can be refilled through any node.
+				if i == 0 {
+					other := c.Nodes[(i+1)%3]
+					ref, err := other.Token().RefillToken(ctx(t), &pb.RefillTokenRequest{Rule: "api", Key: key, GrantId: resp.GetGrantId()})
+					if err != nil || ref.GetRefilled() != 1 {
+						t.Fatalf("refill via %s: %v %v", other.ID, ref, err)
+					}
+				}
+			}
+		}
+		if allowed != 4 { // 3, plus the one refilled
+			t.Fatalf("key owned by %s: %d allowed across nodes, want 4", owner.ID, allowed)
+		}
+	}
+	// One batch through one node, keys of every owner.
+	var req pb.AcquireTokensRequest
+	for _, owner := range c.Nodes {
+		for i := 0; i < 3; i++ {
+			req.Requests = append(req.Requests, &pb.AcquireTokenRequest{Rule: "api", Key: c.KeyOwnedBy(owner.ID, fmt.Sprint("batch", i))})
+		}
+	}
+	req.Requests = append(req.Requests, &pb.AcquireTokenRequest{Rule: "nope", Key: "k"})
+	resp, err := c.Nodes[0].Token().AcquireTokens(ctx(t), &req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range resp.GetResults()[:9] {
+		if r.GetStatus().GetCode() != 0 || !r.GetResponse().GetAllowed() {
+			t.Fatalf("batch item %d: %v", i, r)
+		}
+	}
+	if last := resp.GetResults()[9]; codes.Code(last.GetStatus().GetCode()) != codes.NotFound {
+		t.Fatalf("bad batch item: %v", last)
+	}
+}
+
+// TestFailover: the leader stops; a new one is elected with every rule,
+// writes resume, the view drops the old leader and its keys move to the
+// survivors; when it returns it catches up and comes back into the view.
+func TestFailover(t *testing.T) {
+	c := New(t, 3)
+	for i := 0; i < 10; i++ {
+		if _, err := c.Follower().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket(fmt.Sprint("r", i), 5)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := c.Leader()
+	oldIdx := -1
+	for i, n := range c.Nodes {
+		if n == old {
+			oldIdx = i
+		}
+	}
+	key := c.KeyOwnedBy(old.ID, "moving")
+	c.Stop(oldIdx)
+	c.WaitFor("a new leader", func() bool { return c.Leader() != nil })
+	l := c.Leader()
+	list, err := l.Admin().ListRules(ctx(t), &pb.ListRulesRequest{})
+	if err != nil || len(list.GetRules()) != 10 {
+		t.Fatalf("rules after failover: %d %v", len(list.GetRules()), err)
+	}
+	if _, err := c.Follower().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("after", 5)}); err != nil {
+		t.Fatalf("write after failover: %v", err)
+	}
+	c.WaitFor("the old leader leaves the view", func() bool { return c.ViewsAgree(2) })
+	owner := c.OwnerOf(key)
+	if owner == nil || owner == old {
+		t.Fatalf("key %s still owned by the stopped node", key)
+	}
+	if resp, err := c.Follower().Token().AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "r0", Key: key}); err != nil || !resp.GetAllowed() {
+		t.Fatalf("acquire for a moved key: %v %v", resp, err)
+	}
+	c.Restart(oldIdx)
+	c.WaitFor("the old leader catches up", func() bool { return c.Nodes[oldIdx].Cluster().Table().Get("after") != nil })
+	c.WaitFor("and returns to the view", func() bool { return c.ViewsAgree(3) })
+
+	st, err := c.Nodes[oldIdx].Admin().ClusterStatus(ctx(t), &pb.ClusterStatusRequest{})
+	if err != nil || len(st.GetMembers()) != 3 || st.GetLeader() == "" {
+		t.Fatalf("cluster status: %v %v", st, err)
+	}
+	for _, m := range st.GetMembers() {
+		if !m.GetLive() || m.GetRole() == "unreachable" || m.GetAppliedIndex() == 0 {
+			t.Fatalf("member %v", m)
+		}
+	}
+}
+
+// TestUnreachableOwner: while the view still lists a stopped owner, a call
+// for its key is Unavailable (the SDK falls back), never served elsewhere.
+func TestUnreachableOwner(t *testing.T) {
+	c := New(t, 3)
+	c.Mutate = nil
+	if _, err := c.Leader().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("api", 5)}); err != nil {
+		t.Fatal(err)
+	}
+	f := c.Follower()
+	var victim int
+	for i, n := range c.Nodes {
+		if n != f && n != c.Leader() {
+			victim = i
+		}
+	}
+	key := c.KeyOwnedBy(c.Nodes[victim].ID, "gone")
+	c.WaitFor("rule on "+f.ID, func() bool { return f.Cluster().Table().Get("api") != nil })
+	c.Stop(victim)
+	_, err := f.Token().AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "api", Key: key})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("acquire for the stopped owner's key right after it stopped: %v, want Unavailable", err)
+	}
+}
