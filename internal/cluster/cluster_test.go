@@ -77,7 +77,7 @@ func TestMinimalMovement(t *testing.T) {
 			t.Errorf("n=%d→%d: %.3f of the keys moved, want about %.3f", n, n+1, frac, want)
 		}
 		// Removing node-0 moves only node-0's keys.
-		removed := owners(NewView(3, members(n+1)[1:]), keys)
+		removed := owners(NewView(3, members(n + 1)[1:]), keys)
 		for i := range after {
 			if after[i] != "node-0" && removed[i] != after[i] {
 				t.Fatalf("n=%d: removing node-0 moved key %d from %s", n, i, after[i])

@@ -99,14 +99,14 @@ func (c *Config) Validate() error {
 
 // Node is one tokenserver: its gRPC server, buckets and rule store.
 type Node struct {
-	cfg     Config
-	log     *slog.Logger
-	cluster Cluster
-	peers   *peers
-	buckets *shard.Map
-	now     func() int64
-	grpc    *grpc.Server
-	health  *health.Server
+	cfg      Config
+	log      *slog.Logger
+	cluster  Cluster
+	peers    *peers
+	buckets  *shard.Map
+	now      func() int64
+	grpc     *grpc.Server
+	health   *health.Server
 	ready    atomic.Bool
 	forwards atomic.Int64 // calls forwarded to other nodes
 	done     chan struct{}
