@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,6 +77,9 @@ type Config struct {
 	JoinVia func(ctx context.Context, grpcAddrs []string, self cluster.Member) error
 	// Logger receives the node's and Raft's logs.
 	Logger *slog.Logger
+	// Dial, when set, replaces plain TCP for reaching other nodes' Raft
+	// addresses (tests route it through fault-injecting proxies).
+	Dial func(address string, timeout time.Duration) (net.Conn, error)
 }
 
 // DefaultConfig has production timeouts: a new leader within about 3 s of
@@ -196,7 +200,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("read raft state: %w", err)
 	}
 	n.state.Store(has)
-	if n.layer, err = newStreamLayer(cfg.RaftBind, cfg.AdvertiseRaft, n.probeInfo); err != nil {
+	if n.layer, err = newStreamLayer(cfg.RaftBind, cfg.AdvertiseRaft, n.probeInfo, cfg.Dial); err != nil {
 		return nil, err
 	}
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
@@ -283,7 +287,7 @@ func (n *Node) bootstrapExpect() {
 				reached++
 				continue
 			}
-			info, err := probe(p.RaftAddr, 2*time.Second)
+			info, err := probe(n.layer.dial, p.RaftAddr, 2*time.Second)
 			if err != nil {
 				if attempt%10 == 0 {
 					n.log.Info("waiting for bootstrap peer", "peer", p.ID, "raft_addr", p.RaftAddr, "err", err)

@@ -36,6 +36,7 @@ type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
 	probe     func() probeInfo
+	dial      func(address string, timeout time.Duration) (net.Conn, error)
 	conns     chan net.Conn
 	done      chan struct{}
 	closeOnce sync.Once
@@ -50,8 +51,14 @@ type advertiseAddr string
 func (a advertiseAddr) Network() string { return "tcp" }
 func (a advertiseAddr) String() string  { return string(a) }
 
-// newStreamLayer listens on bind and advertises advertise (bind when empty).
-func newStreamLayer(bind, advertise string, probe func() probeInfo) (*streamLayer, error) {
+// newStreamLayer listens on bind and advertises advertise (bind when
+// empty); dial, when not nil, replaces net.DialTimeout.
+func newStreamLayer(bind, advertise string, probe func() probeInfo, dial func(string, time.Duration) (net.Conn, error)) (*streamLayer, error) {
+	if dial == nil {
+		dial = func(address string, timeout time.Duration) (net.Conn, error) {
+			return net.DialTimeout("tcp", address, timeout)
+		}
+	}
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("listen raft %s: %w", bind, err)
@@ -63,7 +70,7 @@ func newStreamLayer(bind, advertise string, probe func() probeInfo) (*streamLaye
 		ln.Close()
 		return nil, fmt.Errorf("advertise raft address %q: %w", advertise, err)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), probe: probe, conns: make(chan net.Conn), done: make(chan struct{})}
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), probe: probe, dial: dial, conns: make(chan net.Conn), done: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -140,7 +147,7 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
 // Dial opens a Raft connection to address.
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(address), timeout)
+	c, err := s.dial(string(address), timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -152,8 +159,8 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 }
 
 // probe asks the node at a Raft address who it is.
-func probe(address string, timeout time.Duration) (probeInfo, error) {
-	c, err := net.DialTimeout("tcp", address, timeout)
+func probe(dial func(string, time.Duration) (net.Conn, error), address string, timeout time.Duration) (probeInfo, error) {
+	c, err := dial(address, timeout)
 	if err != nil {
 		return probeInfo{}, err
 	}

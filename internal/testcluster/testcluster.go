@@ -54,8 +54,11 @@ type Cluster struct {
 
 // New starts n nodes: the first bootstraps, the others join through it.
 // Everything stops in t.Cleanup.
-func New(t testing.TB, n int) *Cluster {
-	c := &Cluster{t: t}
+func New(t testing.TB, n int) *Cluster { return NewWith(t, n, nil) }
+
+// NewWith is New with mutate applied to every node's options.
+func NewWith(t testing.TB, n int, mutate func(*server.Options)) *Cluster {
+	c := &Cluster{t: t, Mutate: mutate}
 	t.Cleanup(c.StopAll)
 	for i := 0; i < n; i++ {
 		node := &Node{ID: fmt.Sprintf("node-%d", i), DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0"}
