@@ -7,7 +7,7 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 PROTO_SRC := proto/tokenserver/v1/tokenserver.proto
 
-.PHONY: help build run test test-unit test-multiprocess vet bench figures proto proto-check proto-tools lint clean
+.PHONY: help build run test test-unit test-multiprocess vet bench figures cluster cluster-stop proto proto-check proto-tools lint clean
 
 help: ## Show the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n", $$1, $$2}'
@@ -33,6 +33,15 @@ test-multiprocess: build ## Tests that start real tokenserver processes on 127.0
 bench: ## Benchmarks (figures for the notes, never assertions).
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/bucket/ ./internal/shard/
 	bash scripts/bench-e2e.sh
+
+figures: build ## Measured figures on real processes (failover times, forwarding and write latency).
+	TOKENSERVER_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -tags 'multiprocess figures' -run Figures -v ./test/ 2>&1 | grep -E 'FIGURE|^(ok|FAIL|---)'
+
+cluster: build ## Start a 3-node cluster on 127.0.0.1 (state in .cluster/).
+	bash scripts/cluster.sh start
+
+cluster-stop: ## Stop the cluster that `make cluster` started.
+	bash scripts/cluster.sh stop
 
 lint: vet ## Static checks (go vet, gofmt).
 

@@ -77,6 +77,9 @@ type Config struct {
 	JoinVia func(ctx context.Context, grpcAddrs []string, self cluster.Member) error
 	// Logger receives the node's and Raft's logs.
 	Logger *slog.Logger
+	// ObserveApply, when set, receives the time each entry this node
+	// proposed took to commit and apply.
+	ObserveApply func(time.Duration)
 	// Dial, when set, replaces plain TCP for reaching other nodes' Raft
 	// addresses (tests route it through fault-injecting proxies).
 	Dial func(address string, timeout time.Duration) (net.Conn, error)
@@ -509,8 +512,13 @@ func (n *Node) apply(ctx context.Context, entry []byte) (applyResult, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
+	start := time.Now()
 	f := n.raft.Apply(entry, timeout)
-	if err := f.Error(); err != nil {
+	err := f.Error()
+	if n.cfg.ObserveApply != nil {
+		n.cfg.ObserveApply(time.Since(start))
+	}
+	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrEnqueueTimeout) {
 			return applyResult{}, fmt.Errorf("apply: %v: %w", err, rule.ErrNoLeader)
 		}

@@ -19,6 +19,9 @@ type Compiled struct {
 	// KeyCount counts the rule's live buckets on this node. It is shared by
 	// every version of one generation, so a rule change keeps the count.
 	KeyCount *atomic.Int64
+	// Stats counts the rule's decisions on this node; it is shared by every
+	// version of the rule of that name.
+	Stats *Stats
 
 	overrides map[string]*bucket.Config
 	deny      map[string]struct{}
@@ -29,11 +32,14 @@ type Compiled struct {
 // is the same rule's previous version of the same generation, lends its
 // KeyCount.
 func Compile(r *Rule, prev *Compiled) *Compiled {
-	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys()}
+	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys(), Stats: new(Stats)}
 	if prev != nil && prev.Rule.Generation == r.Generation {
 		c.KeyCount = prev.KeyCount
 	} else {
 		c.KeyCount = new(atomic.Int64)
+	}
+	if prev != nil {
+		c.Stats = prev.Stats
 	}
 	if len(r.Overrides) > 0 {
 		c.overrides = make(map[string]*bucket.Config, len(r.Overrides))
@@ -56,6 +62,13 @@ func set(keys []string) map[string]struct{} {
 		m[k] = struct{}{}
 	}
 	return m
+}
+
+// Stats counts decisions; the server exports them as metrics.
+type Stats struct {
+	Allowed      atomic.Int64
+	Denied       atomic.Int64
+	ShadowDenied atomic.Int64
 }
 
 // ConfigFor returns the bucket configuration that applies to key: its

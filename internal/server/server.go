@@ -108,7 +108,7 @@ type Node struct {
 	grpc     *grpc.Server
 	health   *health.Server
 	ready    atomic.Bool
-	forwards atomic.Int64 // calls forwarded to other nodes
+	metrics  *metrics
 	done     chan struct{}
 
 	mu       sync.Mutex
@@ -137,6 +137,7 @@ func New(cfg Config, c Cluster) (*Node, error) {
 	if n.log == nil {
 		n.log = slog.Default()
 	}
+	n.metrics = newMetrics(n)
 	if n.now == nil {
 		start := time.Now()
 		// Offset by a day so that window arithmetic never sees time near 0.
@@ -145,7 +146,7 @@ func New(cfg Config, c Cluster) (*Node, error) {
 	n.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(n.recoverUnary, n.deadlineUnary),
+		grpc.ChainUnaryInterceptor(n.recoverUnary, n.deadlineUnary, n.measureUnary),
 		grpc.ChainStreamInterceptor(n.recoverStream),
 	)
 	pb.RegisterTokenServiceServer(n.grpc, &tokenService{n: n})
@@ -332,6 +333,7 @@ func (n *Node) httpHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
+	mux.Handle("GET /metrics", n.metrics.handler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !n.ready.Load() {
 			http.Error(w, "not ready: not serving", http.StatusServiceUnavailable)
@@ -344,6 +346,21 @@ func (n *Node) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
+}
+
+// measureUnary times data-plane calls into the decision latency histogram.
+func (n *Node) measureUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	obs, ok := n.metrics.methods[info.FullMethod]
+	if !ok {
+		return h(ctx, req)
+	}
+	start := time.Now()
+	resp, err := h(ctx, req)
+	obs.Observe(time.Since(start).Seconds())
+	if err != nil {
+		n.metrics.observeError(status.Code(err))
+	}
+	return resp, err
 }
 
 // deadlineUnary gives calls without a deadline the default one.

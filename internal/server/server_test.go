@@ -378,3 +378,34 @@ func TestToStatusMapsEveryError(t *testing.T) {
 		}
 	}
 }
+
+func TestMetrics(t *testing.T) {
+	tn := newTestNode(t, nil)
+	tn.put(t, tokenBucket("api", 2))
+	for i := 0; i < 3; i++ {
+		tn.token.AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "api", Key: "k"})
+	}
+	tn.token.AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "nope", Key: "k"})
+	tn.token.AcquireTokens(ctx(t), &pb.AcquireTokensRequest{Requests: []*pb.AcquireTokenRequest{{Rule: "api", Key: "j"}}})
+	rec := httptest.NewRecorder()
+	tn.node.httpHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`tokenserver_decisions_total{result="allowed",rule="api"} 3`,
+		`tokenserver_decisions_total{result="denied",rule="api"} 1`,
+		`tokenserver_buckets 2`,
+		`tokenserver_rule_keys{rule="api"} 2`,
+		`tokenserver_errors_total{code="NotFound"} 1`,
+		`tokenserver_batch_size_count 1`,
+		`tokenserver_decision_duration_seconds_count{method="AcquireToken"} 4`,
+		`tokenserver_raft_leader 1`,
+		`tokenserver_ready 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(body, `"k"`) || strings.Contains(body, `"j"`) {
+		t.Error("a key appears as a label value")
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync/atomic"
+	"time"
 
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 )
@@ -48,6 +50,12 @@ func Start(o Options) (*Node, error) {
 	rc.AdvertiseGRPC = o.Server.AdvertiseGRPC
 	rc.Health = pool.Health
 	rc.JoinVia = pool.JoinVia
+	var self atomic.Pointer[Node] // set once the node exists
+	rc.ObserveApply = func(d time.Duration) {
+		if n := self.Load(); n != nil {
+			n.metrics.apply.Observe(d.Seconds())
+		}
+	}
 	rc.Join = len(o.Join) > 0
 	if rc.Logger == nil {
 		rc.Logger = o.Server.Logger
@@ -62,6 +70,7 @@ func Start(o Options) (*Node, error) {
 		return fail(err)
 	}
 	n.peers = pool
+	self.Store(n)
 	n.grpcLis, n.httpLis = gl, hl
 	if len(o.Join) > 0 {
 		n.wg.Add(1)

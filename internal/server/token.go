@@ -76,6 +76,14 @@ func (n *Node) decide(t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, 
 	if err != nil {
 		return shard.Grant{}, err
 	}
+	switch {
+	case d.ShadowDenied:
+		c.Stats.ShadowDenied.Add(1)
+	case d.Allowed:
+		c.Stats.Allowed.Add(1)
+	default:
+		c.Stats.Denied.Add(1)
+	}
 	resp.Allowed = d.Allowed
 	resp.Granted = d.Granted
 	resp.Remaining = d.Remaining
@@ -101,7 +109,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		if err != nil {
 			return nil, peerError("owner "+owner.ID, err)
 		}
-		s.n.forwards.Add(1)
+		s.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
 		resp, err := pb.NewTokenServiceClient(c).AcquireToken(markForwarded(ctx), req)
 		if err != nil {
 			return nil, peerError("owner "+owner.ID, err)
@@ -127,6 +135,7 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	if len(items) > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "requests has %d items, above the limit of %d per call", len(items), MaxBatch)
 	}
+	s.n.metrics.batch.Observe(float64(len(items)))
 	v := s.n.cluster.View()
 	if v.Len() == 0 {
 		return nil, status.Error(codes.Unavailable, "this node has no routing view yet; retry")
@@ -153,7 +162,9 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 		}
 		g, err := s.n.decide(t, v.Epoch, it, &resps[i])
 		if err != nil {
-			results[i].Status = toStatus(err).Proto()
+			st := toStatus(err)
+			s.n.metrics.observeError(st.Code())
+			results[i].Status = st.Proto()
 			continue
 		}
 		results[i].Response = &resps[i]
@@ -190,7 +201,7 @@ func (n *Node) forwardBatch(ctx context.Context, v *cluster.View, items []*pb.Ac
 			var resp *pb.AcquireTokensResponse
 			c, err := n.peers.conn(owner.GRPCAddr)
 			if err == nil {
-				n.forwards.Add(1)
+				n.metrics.forwarded.WithLabelValues(id).Inc()
 				resp, err = pb.NewTokenServiceClient(c).AcquireTokens(markForwarded(ctx), sub)
 			}
 			if err == nil && len(resp.GetResults()) != len(idx) {
@@ -237,7 +248,7 @@ func (s *tokenService) RefillToken(ctx context.Context, req *pb.RefillTokenReque
 		if err != nil {
 			return nil, peerError("owner "+owner.ID, err)
 		}
-		s.n.forwards.Add(1)
+		s.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
 		resp, err := pb.NewTokenServiceClient(conn).RefillToken(markForwarded(ctx), req)
 		if err != nil {
 			return nil, peerError("owner "+owner.ID, err)
@@ -269,7 +280,7 @@ func (s *tokenService) RenewLease(ctx context.Context, req *pb.RenewLeaseRequest
 		if err != nil {
 			return nil, peerError("owner "+owner.ID, err)
 		}
-		s.n.forwards.Add(1)
+		s.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
 		resp, err := pb.NewTokenServiceClient(conn).RenewLease(markForwarded(ctx), req)
 		if err != nil {
 			return nil, peerError("owner "+owner.ID, err)

@@ -1,0 +1,18 @@
+# A static, non-root tokenserver image. Build: docker build -t tokenserver .
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY cmd/ cmd/
+COPY internal/ internal/
+COPY proto/ proto/
+RUN CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/tokenserver ./cmd/tokenserver && \
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/tokenctl ./cmd/tokenctl
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/tokenserver /out/tokenctl /usr/local/bin/
+USER 65532:65532
+EXPOSE 7070 7071 7072
+VOLUME ["/data"]
+ENTRYPOINT ["/usr/local/bin/tokenserver"]
+CMD ["--data-dir=/data", "--grpc-addr=0.0.0.0:7070", "--raft-addr=0.0.0.0:7071", "--http-addr=0.0.0.0:7072"]

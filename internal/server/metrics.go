@@ -1,0 +1,165 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// metrics are the node's Prometheus metrics, on a private registry. Never
+// is a key a label: labels are rule names, gRPC methods, codes and peers.
+type metrics struct {
+	reg       *prometheus.Registry
+	latency   *prometheus.HistogramVec
+	batch     prometheus.Histogram
+	errors    *prometheus.CounterVec
+	forwarded *prometheus.CounterVec
+	apply     prometheus.Histogram
+	// methods are the latency observers of the TokenService methods.
+	methods map[string]prometheus.Observer
+}
+
+func newMetrics(n *Node) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tokenserver_decision_duration_seconds",
+			Help:    "Time to answer a data-plane call on this node (forwarding included), by gRPC method.",
+			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1},
+		}, []string{"method"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tokenserver_batch_size",
+			Help:    "Items per AcquireTokens call.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenserver_errors_total",
+			Help: "Data-plane items answered with an error, by gRPC code.",
+		}, []string{"code"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenserver_forwarded_requests_total",
+			Help: "Data-plane calls forwarded to the key's owner, by owner node id.",
+		}, []string{"peer"}),
+		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tokenserver_raft_apply_duration_seconds",
+			Help:    "Time to commit and apply a Raft entry proposed by this node (rule writes, membership).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	m.methods = map[string]prometheus.Observer{}
+	for _, md := range pb.TokenService_ServiceDesc.Methods {
+		full := "/" + pb.TokenService_ServiceDesc.ServiceName + "/" + md.MethodName
+		m.methods[full] = m.latency.WithLabelValues(md.MethodName)
+	}
+	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.apply,
+		&nodeCollector{n: n},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observeError counts an item answered with an error.
+func (m *metrics) observeError(c codes.Code) { m.errors.WithLabelValues(c.String()).Inc() }
+
+// handler serves /metrics.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+var (
+	descDecisions   = prometheus.NewDesc("tokenserver_decisions_total", "Decisions made on this node, by rule and result (allowed, denied, shadow_denied: allowed by a shadow rule that would have denied).", []string{"rule", "result"}, nil)
+	descBuckets     = prometheus.NewDesc("tokenserver_buckets", "Live buckets (rule, key pairs) on this node.", nil, nil)
+	descEvicted     = prometheus.NewDesc("tokenserver_buckets_evicted_total", "Buckets dropped because they were back at their initial state or their rule is gone.", nil, nil)
+	descCapDenied   = prometheus.NewDesc("tokenserver_bucket_cap_rejections_total", "New keys refused with RESOURCE_EXHAUSTED by --max-buckets or a rule's max_keys.", nil, nil)
+	descRuleKeys    = prometheus.NewDesc("tokenserver_rule_keys", "Live buckets of a rule on this node.", []string{"rule"}, nil)
+	descRuleVersion = prometheus.NewDesc("tokenserver_rule_version", "Version (Raft index) of the rule table applied on this node.", nil, nil)
+	descRules       = prometheus.NewDesc("tokenserver_rules", "Rules in the table.", nil, nil)
+	descEpoch       = prometheus.NewDesc("tokenserver_routing_epoch", "Epoch of the routing view.", nil, nil)
+	descLive        = prometheus.NewDesc("tokenserver_routing_members", "Members in the routing view (nodes that own keys).", nil, nil)
+	descReady       = prometheus.NewDesc("tokenserver_ready", "1 when /readyz passes.", nil, nil)
+	descRaftState   = prometheus.NewDesc("tokenserver_raft_state", "1 for the node's current Raft state.", []string{"state"}, nil)
+	descRaftLeader  = prometheus.NewDesc("tokenserver_raft_leader", "1 when this node leads.", nil, nil)
+	descRaftTerm    = prometheus.NewDesc("tokenserver_raft_term", "Current Raft term.", nil, nil)
+	descRaftCommit  = prometheus.NewDesc("tokenserver_raft_commit_index", "Raft commit index.", nil, nil)
+	descRaftApplied = prometheus.NewDesc("tokenserver_raft_applied_index", "Raft index applied to the rule table.", nil, nil)
+	descRaftContact = prometheus.NewDesc("tokenserver_raft_last_contact_seconds", "Seconds since a follower last heard from the leader (0 on the leader).", nil, nil)
+	descRaftMembers = prometheus.NewDesc("tokenserver_raft_members", "Servers in the Raft configuration, by suffrage.", []string{"suffrage"}, nil)
+)
+
+// nodeCollector reads the node's counters at scrape time, so the hot path
+// only bumps atomics.
+type nodeCollector struct{ n *Node }
+
+// Describe implements prometheus.Collector.
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDecisions, descBuckets, descEvicted, descCapDenied, descRuleKeys, descRuleVersion, descRules,
+		descEpoch, descLive, descReady, descRaftState, descRaftLeader, descRaftTerm, descRaftCommit, descRaftApplied, descRaftContact, descRaftMembers} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.n
+	t := n.cluster.Table()
+	for _, r := range t.Rules() {
+		cr := t.Get(r.Name)
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(cr.Stats.Allowed.Load()), r.Name, "allowed")
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(cr.Stats.Denied.Load()), r.Name, "denied")
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(cr.Stats.ShadowDenied.Load()), r.Name, "shadow_denied")
+		ch <- prometheus.MustNewConstMetric(descRuleKeys, prometheus.GaugeValue, float64(cr.KeyCount.Load()), r.Name)
+	}
+	ch <- prometheus.MustNewConstMetric(descBuckets, prometheus.GaugeValue, float64(n.buckets.Live()))
+	ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(n.buckets.Evicted()))
+	ch <- prometheus.MustNewConstMetric(descCapDenied, prometheus.CounterValue, float64(n.buckets.CapDenials()))
+	ch <- prometheus.MustNewConstMetric(descRuleVersion, prometheus.GaugeValue, float64(t.Version))
+	ch <- prometheus.MustNewConstMetric(descRules, prometheus.GaugeValue, float64(t.Len()))
+	v := n.cluster.View()
+	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(v.Epoch))
+	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(v.Len()))
+	ready := 0.0
+	if n.ready.Load() && n.cluster.Ready() {
+		ready = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
+	st, err := n.cluster.Status()
+	if err != nil {
+		return
+	}
+	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
+		v := 0.0
+		if s.String() == st.State {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, v, s.String())
+	}
+	leader := 0.0
+	if st.Leader == st.ID {
+		leader = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descRaftLeader, prometheus.GaugeValue, leader)
+	ch <- prometheus.MustNewConstMetric(descRaftTerm, prometheus.GaugeValue, float64(st.Term))
+	ch <- prometheus.MustNewConstMetric(descRaftCommit, prometheus.GaugeValue, float64(st.CommitIndex))
+	ch <- prometheus.MustNewConstMetric(descRaftApplied, prometheus.GaugeValue, float64(st.AppliedIndex))
+	contact := 0.0
+	if st.Leader != st.ID && !st.LastContact.IsZero() {
+		contact = time.Since(st.LastContact).Seconds()
+	}
+	ch <- prometheus.MustNewConstMetric(descRaftContact, prometheus.GaugeValue, contact)
+	voters, nonvoters := 0, 0
+	for _, m := range st.Members {
+		if m.Voter {
+			voters++
+		} else {
+			nonvoters++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descRaftMembers, prometheus.GaugeValue, float64(voters), "voter")
+	ch <- prometheus.MustNewConstMetric(descRaftMembers, prometheus.GaugeValue, float64(nonvoters), "nonvoter")
+}
