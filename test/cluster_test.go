@@ -86,8 +86,12 @@ func newProcCluster(t *testing.T, n int, extra ...string) *procCluster {
 
 func (c *procCluster) start(id string) { c.procs[id] = startServer(c.t, c.args[id]...) }
 
-func (c *procCluster) admin(id string) pb.AdminServiceClient { return pb.NewAdminServiceClient(c.conns[id]) }
-func (c *procCluster) token(id string) pb.TokenServiceClient { return pb.NewTokenServiceClient(c.conns[id]) }
+func (c *procCluster) admin(id string) pb.AdminServiceClient {
+	return pb.NewAdminServiceClient(c.conns[id])
+}
+func (c *procCluster) token(id string) pb.TokenServiceClient {
+	return pb.NewTokenServiceClient(c.conns[id])
+}
 
 // status asks node id for the cluster status (1 s).
 func (c *procCluster) status(id string) (*pb.ClusterStatusResponse, error) {

@@ -99,17 +99,17 @@ func (c *Config) Validate() error {
 
 // Node is one tokenserver: its gRPC server, buckets and rule store.
 type Node struct {
-	cfg      Config
-	log      *slog.Logger
-	cluster  Cluster
-	peers    *peers
-	buckets  *shard.Map
-	now      func() int64
-	grpc     *grpc.Server
-	health   *health.Server
-	ready    atomic.Bool
-	metrics  *metrics
-	done     chan struct{}
+	cfg     Config
+	log     *slog.Logger
+	cluster Cluster
+	peers   *peers
+	buckets *shard.Map
+	now     func() int64
+	grpc    *grpc.Server
+	health  *health.Server
+	ready   atomic.Bool
+	metrics *metrics
+	done    chan struct{}
 
 	mu       sync.Mutex
 	grpcLis  net.Listener
