@@ -25,6 +25,7 @@ const (
 	entrySetMember    byte = 3
 	entryRemoveMember byte = 4
 	entrySetView      byte = 5
+	entryRestoreRules byte = 6
 
 	ignoreUnknown byte = 0x80
 )
@@ -45,6 +46,11 @@ type deleteRuleEntry struct {
 // (removeMember: only ID is read).
 type memberEntry struct {
 	Member memberInfo `json:"member"`
+}
+
+// restoreEntry replaces the whole rule table.
+type restoreEntry struct {
+	Rules []*rule.Rule `json:"rules"`
 }
 
 // viewEntry sets the routing view: the ids of the members that own keys.
@@ -232,6 +238,26 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 			return applyResult{err: err}, false
 		}
 		delete(s.Rules, e.Name)
+		return applyResult{}, true
+	case entryRestoreRules:
+		var e restoreEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return applyResult{err: rule.Invalid("undecodable restore entry at %d: %v", index, err)}, false
+		}
+		rules := make(map[string]*rule.Rule, len(e.Rules))
+		for _, r := range e.Rules {
+			if r == nil {
+				return applyResult{err: rule.Invalid("restore entry at %d holds an empty rule", index)}, false
+			}
+			r = r.Clone()
+			r.Normalize()
+			if err := r.Validate(); err != nil {
+				return applyResult{err: err}, false
+			}
+			r.Version, r.Generation = index, index
+			rules[r.Name] = r
+		}
+		s.Rules = rules
 		return applyResult{}, true
 	case entrySetMember:
 		var e memberEntry

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -39,6 +42,10 @@ type Cluster interface {
 	RemoveMember(ctx context.Context, id string) error
 	// Status is the node's view of the cluster.
 	Status() (raftfsm.Status, error)
+	// SnapshotSave opens a snapshot of the state (on the leader).
+	SnapshotSave(ctx context.Context) (io.ReadCloser, error)
+	// RestoreRules replaces the rule table with a snapshot's (on the leader).
+	RestoreRules(ctx context.Context, snapshot io.Reader) (int, uint64, error)
 	// Close leaves the cluster cleanly (a leader hands over first).
 	Close() error
 }
@@ -111,6 +118,26 @@ func (s *Standalone) Status() (raftfsm.Status, error) {
 
 // Close implements Cluster.
 func (s *Standalone) Close() error { return nil }
+
+// SnapshotSave implements Cluster: the rules in the snapshot format.
+func (s *Standalone) SnapshotSave(context.Context) (io.ReadCloser, error) {
+	t := s.Table()
+	rules := map[string]*rule.Rule{}
+	for _, r := range t.Rules() {
+		rules[r.Name] = r
+	}
+	b, err := json.Marshal(map[string]any{"index": t.Version, "rules": rules})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// RestoreRules implements Cluster: a standalone node cannot replace its
+// table in one step.
+func (s *Standalone) RestoreRules(context.Context, io.Reader) (int, uint64, error) {
+	return 0, 0, status.Error(codes.FailedPrecondition, "this node runs without Raft and cannot restore a snapshot")
+}
 
 // peers keeps one client connection per other node, for forwarding, health
 // checks and joins.

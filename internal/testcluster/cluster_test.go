@@ -184,3 +184,70 @@ func TestUnreachableOwner(t *testing.T) {
 		t.Fatalf("acquire for the stopped owner's key right after it stopped: %v, want Unavailable", err)
 	}
 }
+
+// TestSnapshotSaveRestore: a snapshot saved through a follower of one
+// cluster, restored through a follower of a fresh cluster, gives the same
+// rules there, replicated to every node.
+func TestSnapshotSaveRestore(t *testing.T) {
+	a := New(t, 3)
+	for i := 0; i < 5; i++ {
+		r := tokenBucket(fmt.Sprint("snap-", i), int64(10+i))
+		r.Overrides = []*pb.Override{{Key: "vip", Limit: 100}}
+		if _, err := a.Leader().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream, err := a.Follower().Admin().SnapshotSave(ctx(t), &pb.SnapshotSaveRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap []byte
+	for {
+		c, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		snap = append(snap, c.GetData()...)
+	}
+	if len(snap) == 0 {
+		t.Fatal("empty snapshot")
+	}
+	b := New(t, 3)
+	if _, err := b.Leader().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("replaced", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	up, err := b.Follower().Admin().SnapshotRestore(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for len(snap) > 0 {
+		k := min(len(snap), 1000)
+		if err := up.Send(&pb.SnapshotChunk{Data: snap[:k]}); err != nil {
+			t.Fatal(err)
+		}
+		snap = snap[k:]
+	}
+	resp, err := up.CloseAndRecv()
+	if err != nil || resp.GetRules() != 5 {
+		t.Fatalf("restore: %v %v", resp, err)
+	}
+	want, _ := a.Leader().Admin().ListRules(ctx(t), &pb.ListRulesRequest{})
+	for _, n := range b.Nodes {
+		b.WaitFor(n.ID+" has the restored rules", func() bool { return n.Cluster().Table().Version >= resp.GetVersion() })
+		got, err := n.Admin().ListRules(ctx(t), &pb.ListRulesRequest{Local: true})
+		if err != nil || len(got.GetRules()) != 5 {
+			t.Fatalf("%s: %d rules %v", n.ID, len(got.GetRules()), err)
+		}
+		for i, r := range got.GetRules() {
+			w := want.GetRules()[i]
+			if r.GetName() != w.GetName() || r.GetLimit() != w.GetLimit() || len(r.GetOverrides()) != 1 {
+				t.Fatalf("%s: restored %v, want %v", n.ID, r, w)
+			}
+		}
+	}
+	bad, _ := b.Leader().Admin().SnapshotRestore(ctx(t))
+	bad.Send(&pb.SnapshotChunk{Data: []byte("not a snapshot")})
+	if _, err := bad.CloseAndRecv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("restore of garbage: %v", err)
+	}
+}

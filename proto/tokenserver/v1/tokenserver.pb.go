@@ -2351,6 +2351,141 @@ func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
 	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{32}
 }
 
+type SnapshotSaveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSaveRequest) Reset() {
+	*x = SnapshotSaveRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSaveRequest) ProtoMessage() {}
+
+func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{33}
+}
+
+// SnapshotChunk is a piece of a snapshot, in order.
+type SnapshotChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type SnapshotRestoreResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Rules in the table after the restore.
+	Rules int64 `protobuf:"varint,1,opt,name=rules,proto3" json:"rules,omitempty"`
+	// The version (Raft index) of the restore.
+	Version       uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRestoreResponse) Reset() {
+	*x = SnapshotRestoreResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRestoreResponse) ProtoMessage() {}
+
+func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SnapshotRestoreResponse) GetRules() int64 {
+	if x != nil {
+		return x.Rules
+	}
+	return 0
+}
+
+func (x *SnapshotRestoreResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_tokenserver_v1_tokenserver_proto protoreflect.FileDescriptor
 
 const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
@@ -2509,7 +2644,13 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x13JoinClusterResponse\"%\n" +
 	"\x13RemoveMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
-	"\x14RemoveMemberResponse*\x92\x01\n" +
+	"\x14RemoveMemberResponse\"\x15\n" +
+	"\x13SnapshotSaveRequest\"#\n" +
+	"\rSnapshotChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"I\n" +
+	"\x17SnapshotRestoreResponse\x12\x14\n" +
+	"\x05rules\x18\x01 \x01(\x03R\x05rules\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion*\x92\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTOKEN_BUCKET\x10\x01\x12\x10\n" +
@@ -2537,7 +2678,7 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
 	"RenewLease\x12!.tokenserver.v1.RenewLeaseRequest\x1a\".tokenserver.v1.RenewLeaseResponse\x12T\n" +
 	"\x0eGetClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView\x12X\n" +
-	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xa8\x05\n" +
+	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xdb\x06\n" +
 	"\fAdminService\x12J\n" +
 	"\aPutRule\x12\x1e.tokenserver.v1.PutRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12?\n" +
 	"\aGetRule\x12\x1e.tokenserver.v1.GetRuleRequest\x1a\x14.tokenserver.v1.Rule\x12P\n" +
@@ -2548,7 +2689,9 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
 	"NodeStatus\x12!.tokenserver.v1.NodeStatusRequest\x1a\".tokenserver.v1.NodeStatusResponse\x12V\n" +
 	"\vJoinCluster\x12\".tokenserver.v1.JoinClusterRequest\x1a#.tokenserver.v1.JoinClusterResponse\x12Y\n" +
-	"\fRemoveMember\x12#.tokenserver.v1.RemoveMemberRequest\x1a$.tokenserver.v1.RemoveMemberResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
+	"\fRemoveMember\x12#.tokenserver.v1.RemoveMemberRequest\x1a$.tokenserver.v1.RemoveMemberResponse\x12T\n" +
+	"\fSnapshotSave\x12#.tokenserver.v1.SnapshotSaveRequest\x1a\x1d.tokenserver.v1.SnapshotChunk0\x01\x12[\n" +
+	"\x0fSnapshotRestore\x12\x1d.tokenserver.v1.SnapshotChunk\x1a'.tokenserver.v1.SnapshotRestoreResponse(\x01BGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
 
 var (
 	file_tokenserver_v1_tokenserver_proto_rawDescOnce sync.Once
@@ -2563,66 +2706,69 @@ func file_tokenserver_v1_tokenserver_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
-	(Algorithm)(0),                // 0: tokenserver.v1.Algorithm
-	(FallbackPolicy)(0),           // 1: tokenserver.v1.FallbackPolicy
-	(Reason)(0),                   // 2: tokenserver.v1.Reason
-	(*Rule)(nil),                  // 3: tokenserver.v1.Rule
-	(*Override)(nil),              // 4: tokenserver.v1.Override
-	(*Fallback)(nil),              // 5: tokenserver.v1.Fallback
-	(*LeaseSettings)(nil),         // 6: tokenserver.v1.LeaseSettings
-	(*AcquireTokenRequest)(nil),   // 7: tokenserver.v1.AcquireTokenRequest
-	(*AcquireTokenResponse)(nil),  // 8: tokenserver.v1.AcquireTokenResponse
-	(*AcquireTokensRequest)(nil),  // 9: tokenserver.v1.AcquireTokensRequest
-	(*AcquireTokensResponse)(nil), // 10: tokenserver.v1.AcquireTokensResponse
-	(*AcquireTokensResult)(nil),   // 11: tokenserver.v1.AcquireTokensResult
-	(*RefillTokenRequest)(nil),    // 12: tokenserver.v1.RefillTokenRequest
-	(*RefillTokenResponse)(nil),   // 13: tokenserver.v1.RefillTokenResponse
-	(*RenewLeaseRequest)(nil),     // 14: tokenserver.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 15: tokenserver.v1.RenewLeaseResponse
-	(*GetClusterViewRequest)(nil), // 16: tokenserver.v1.GetClusterViewRequest
-	(*ClusterView)(nil),           // 17: tokenserver.v1.ClusterView
-	(*Member)(nil),                // 18: tokenserver.v1.Member
-	(*ClientRule)(nil),            // 19: tokenserver.v1.ClientRule
-	(*PutRuleRequest)(nil),        // 20: tokenserver.v1.PutRuleRequest
-	(*PutRuleResponse)(nil),       // 21: tokenserver.v1.PutRuleResponse
-	(*GetRuleRequest)(nil),        // 22: tokenserver.v1.GetRuleRequest
-	(*ListRulesRequest)(nil),      // 23: tokenserver.v1.ListRulesRequest
-	(*ListRulesResponse)(nil),     // 24: tokenserver.v1.ListRulesResponse
-	(*DeleteRuleRequest)(nil),     // 25: tokenserver.v1.DeleteRuleRequest
-	(*DeleteRuleResponse)(nil),    // 26: tokenserver.v1.DeleteRuleResponse
-	(*ClusterStatusRequest)(nil),  // 27: tokenserver.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil), // 28: tokenserver.v1.ClusterStatusResponse
-	(*MemberStatus)(nil),          // 29: tokenserver.v1.MemberStatus
-	(*NodeStatusRequest)(nil),     // 30: tokenserver.v1.NodeStatusRequest
-	(*NodeStatusResponse)(nil),    // 31: tokenserver.v1.NodeStatusResponse
-	(*JoinClusterRequest)(nil),    // 32: tokenserver.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),   // 33: tokenserver.v1.JoinClusterResponse
-	(*RemoveMemberRequest)(nil),   // 34: tokenserver.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),  // 35: tokenserver.v1.RemoveMemberResponse
-	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
-	(*status.Status)(nil),         // 37: google.rpc.Status
+	(Algorithm)(0),                  // 0: tokenserver.v1.Algorithm
+	(FallbackPolicy)(0),             // 1: tokenserver.v1.FallbackPolicy
+	(Reason)(0),                     // 2: tokenserver.v1.Reason
+	(*Rule)(nil),                    // 3: tokenserver.v1.Rule
+	(*Override)(nil),                // 4: tokenserver.v1.Override
+	(*Fallback)(nil),                // 5: tokenserver.v1.Fallback
+	(*LeaseSettings)(nil),           // 6: tokenserver.v1.LeaseSettings
+	(*AcquireTokenRequest)(nil),     // 7: tokenserver.v1.AcquireTokenRequest
+	(*AcquireTokenResponse)(nil),    // 8: tokenserver.v1.AcquireTokenResponse
+	(*AcquireTokensRequest)(nil),    // 9: tokenserver.v1.AcquireTokensRequest
+	(*AcquireTokensResponse)(nil),   // 10: tokenserver.v1.AcquireTokensResponse
+	(*AcquireTokensResult)(nil),     // 11: tokenserver.v1.AcquireTokensResult
+	(*RefillTokenRequest)(nil),      // 12: tokenserver.v1.RefillTokenRequest
+	(*RefillTokenResponse)(nil),     // 13: tokenserver.v1.RefillTokenResponse
+	(*RenewLeaseRequest)(nil),       // 14: tokenserver.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),      // 15: tokenserver.v1.RenewLeaseResponse
+	(*GetClusterViewRequest)(nil),   // 16: tokenserver.v1.GetClusterViewRequest
+	(*ClusterView)(nil),             // 17: tokenserver.v1.ClusterView
+	(*Member)(nil),                  // 18: tokenserver.v1.Member
+	(*ClientRule)(nil),              // 19: tokenserver.v1.ClientRule
+	(*PutRuleRequest)(nil),          // 20: tokenserver.v1.PutRuleRequest
+	(*PutRuleResponse)(nil),         // 21: tokenserver.v1.PutRuleResponse
+	(*GetRuleRequest)(nil),          // 22: tokenserver.v1.GetRuleRequest
+	(*ListRulesRequest)(nil),        // 23: tokenserver.v1.ListRulesRequest
+	(*ListRulesResponse)(nil),       // 24: tokenserver.v1.ListRulesResponse
+	(*DeleteRuleRequest)(nil),       // 25: tokenserver.v1.DeleteRuleRequest
+	(*DeleteRuleResponse)(nil),      // 26: tokenserver.v1.DeleteRuleResponse
+	(*ClusterStatusRequest)(nil),    // 27: tokenserver.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),   // 28: tokenserver.v1.ClusterStatusResponse
+	(*MemberStatus)(nil),            // 29: tokenserver.v1.MemberStatus
+	(*NodeStatusRequest)(nil),       // 30: tokenserver.v1.NodeStatusRequest
+	(*NodeStatusResponse)(nil),      // 31: tokenserver.v1.NodeStatusResponse
+	(*JoinClusterRequest)(nil),      // 32: tokenserver.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),     // 33: tokenserver.v1.JoinClusterResponse
+	(*RemoveMemberRequest)(nil),     // 34: tokenserver.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),    // 35: tokenserver.v1.RemoveMemberResponse
+	(*SnapshotSaveRequest)(nil),     // 36: tokenserver.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),           // 37: tokenserver.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil), // 38: tokenserver.v1.SnapshotRestoreResponse
+	(*durationpb.Duration)(nil),     // 39: google.protobuf.Duration
+	(*status.Status)(nil),           // 40: google.rpc.Status
 }
 var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	0,  // 0: tokenserver.v1.Rule.algorithm:type_name -> tokenserver.v1.Algorithm
-	36, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
-	36, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
-	36, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
+	39, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
+	39, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
+	39, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
 	4,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
 	5,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
 	6,  // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
 	1,  // 7: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
-	36, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	39, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
 	2,  // 9: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
 	7,  // 10: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
 	11, // 11: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
-	37, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
+	40, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
 	8,  // 13: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
 	18, // 14: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
 	19, // 15: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
 	0,  // 16: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
-	36, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
+	39, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
 	5,  // 18: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
 	6,  // 19: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
 	3,  // 20: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
@@ -2643,22 +2789,26 @@ var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	30, // 35: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
 	32, // 36: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
 	34, // 37: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
-	8,  // 38: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	10, // 39: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	13, // 40: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	15, // 41: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	17, // 42: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	17, // 43: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 44: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	3,  // 45: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	24, // 46: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	26, // 47: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	28, // 48: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
-	31, // 49: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
-	33, // 50: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
-	35, // 51: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
-	38, // [38:52] is the sub-list for method output_type
-	24, // [24:38] is the sub-list for method input_type
+	36, // 38: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
+	37, // 39: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
+	8,  // 40: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	10, // 41: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	13, // 42: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	15, // 43: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	17, // 44: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	17, // 45: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 46: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	3,  // 47: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	24, // 48: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	26, // 49: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	28, // 50: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	31, // 51: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	33, // 52: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	35, // 53: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	37, // 54: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
+	38, // 55: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
+	40, // [40:56] is the sub-list for method output_type
+	24, // [24:40] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -2679,7 +2829,7 @@ func file_tokenserver_v1_tokenserver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_v1_tokenserver_proto_rawDesc), len(file_tokenserver_v1_tokenserver_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -356,14 +356,16 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_PutRule_FullMethodName       = "/tokenserver.v1.AdminService/PutRule"
-	AdminService_GetRule_FullMethodName       = "/tokenserver.v1.AdminService/GetRule"
-	AdminService_ListRules_FullMethodName     = "/tokenserver.v1.AdminService/ListRules"
-	AdminService_DeleteRule_FullMethodName    = "/tokenserver.v1.AdminService/DeleteRule"
-	AdminService_ClusterStatus_FullMethodName = "/tokenserver.v1.AdminService/ClusterStatus"
-	AdminService_NodeStatus_FullMethodName    = "/tokenserver.v1.AdminService/NodeStatus"
-	AdminService_JoinCluster_FullMethodName   = "/tokenserver.v1.AdminService/JoinCluster"
-	AdminService_RemoveMember_FullMethodName  = "/tokenserver.v1.AdminService/RemoveMember"
+	AdminService_PutRule_FullMethodName         = "/tokenserver.v1.AdminService/PutRule"
+	AdminService_GetRule_FullMethodName         = "/tokenserver.v1.AdminService/GetRule"
+	AdminService_ListRules_FullMethodName       = "/tokenserver.v1.AdminService/ListRules"
+	AdminService_DeleteRule_FullMethodName      = "/tokenserver.v1.AdminService/DeleteRule"
+	AdminService_ClusterStatus_FullMethodName   = "/tokenserver.v1.AdminService/ClusterStatus"
+	AdminService_NodeStatus_FullMethodName      = "/tokenserver.v1.AdminService/NodeStatus"
+	AdminService_JoinCluster_FullMethodName     = "/tokenserver.v1.AdminService/JoinCluster"
+	AdminService_RemoveMember_FullMethodName    = "/tokenserver.v1.AdminService/RemoveMember"
+	AdminService_SnapshotSave_FullMethodName    = "/tokenserver.v1.AdminService/SnapshotSave"
+	AdminService_SnapshotRestore_FullMethodName = "/tokenserver.v1.AdminService/SnapshotRestore"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -394,6 +396,13 @@ type AdminServiceClient interface {
 	JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error)
 	// RemoveMember takes a node out of the cluster.
 	RemoveMember(ctx context.Context, in *RemoveMemberRequest, opts ...grpc.CallOption) (*RemoveMemberResponse, error)
+	// SnapshotSave streams a Raft snapshot of the current state (taken on the
+	// leader): the rule table, with the membership it was taken in.
+	SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
+	// SnapshotRestore replaces the rule table with the rules of a snapshot
+	// (from SnapshotSave, of this or another cluster), as one replicated
+	// change; membership is kept. Restored rules start fresh buckets.
+	SnapshotRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
 }
 
 type adminServiceClient struct {
@@ -484,6 +493,38 @@ func (c *adminServiceClient) RemoveMember(ctx context.Context, in *RemoveMemberR
 	return out, nil
 }
 
+func (c *adminServiceClient) SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_SnapshotSave_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotSaveRequest, SnapshotChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_SnapshotSaveClient = grpc.ServerStreamingClient[SnapshotChunk]
+
+func (c *adminServiceClient) SnapshotRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[1], AdminService_SnapshotRestore_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotChunk, SnapshotRestoreResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_SnapshotRestoreClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse]
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -512,6 +553,13 @@ type AdminServiceServer interface {
 	JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error)
 	// RemoveMember takes a node out of the cluster.
 	RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error)
+	// SnapshotSave streams a Raft snapshot of the current state (taken on the
+	// leader): the rule table, with the membership it was taken in.
+	SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
+	// SnapshotRestore replaces the rule table with the rules of a snapshot
+	// (from SnapshotSave, of this or another cluster), as one replicated
+	// change; membership is kept. Restored rules start fresh buckets.
+	SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -545,6 +593,12 @@ func (UnimplementedAdminServiceServer) JoinCluster(context.Context, *JoinCluster
 }
 func (UnimplementedAdminServiceServer) RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveMember not implemented")
+}
+func (UnimplementedAdminServiceServer) SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
+	return status.Error(codes.Unimplemented, "method SnapshotSave not implemented")
+}
+func (UnimplementedAdminServiceServer) SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error {
+	return status.Error(codes.Unimplemented, "method SnapshotRestore not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -711,6 +765,24 @@ func _AdminService_RemoveMember_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SnapshotSave_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SnapshotSaveRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdminServiceServer).SnapshotSave(m, &grpc.GenericServerStream[SnapshotSaveRequest, SnapshotChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_SnapshotSaveServer = grpc.ServerStreamingServer[SnapshotChunk]
+
+func _AdminService_SnapshotRestore_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AdminServiceServer).SnapshotRestore(&grpc.GenericServerStream[SnapshotChunk, SnapshotRestoreResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_SnapshotRestoreServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -751,6 +823,17 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdminService_RemoveMember_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "SnapshotSave",
+			Handler:       _AdminService_SnapshotSave_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "SnapshotRestore",
+			Handler:       _AdminService_SnapshotRestore_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "tokenserver/v1/tokenserver.proto",
 }
