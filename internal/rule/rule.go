@@ -134,10 +134,16 @@ var (
 	ErrNoLeader = errors.New("no leader")
 )
 
-// Invalid wraps a message as an ErrInvalid error.
+// Invalid returns an error that is ErrInvalid (errors.Is) and whose message
+// is the formatted text alone, as a person reads it.
 func Invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	return &invalidError{msg: fmt.Sprintf(format, args...)}
 }
+
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string        { return e.msg }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 
 // ValidName reports whether s may name a rule.
 func ValidName(s string) error {

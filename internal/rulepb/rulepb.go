@@ -1,4 +1,6 @@
-package server
+// Package rulepb converts rules between rule.Rule and the wire form of
+// tokenserver.v1, for the server and for clients that validate locally.
+package rulepb
 
 import (
 	"time"
@@ -10,9 +12,9 @@ import (
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
-// RuleFromProto converts a wire rule into a rule.Rule (not yet validated).
+// FromProto converts a wire rule into a rule.Rule (not yet validated).
 // Version and Generation are output only and not read.
-func RuleFromProto(p *pb.Rule) *rule.Rule {
+func FromProto(p *pb.Rule) *rule.Rule {
 	r := &rule.Rule{
 		Name:        p.GetName(),
 		Algorithm:   bucket.Algorithm(p.GetAlgorithm()),
@@ -56,8 +58,8 @@ func dur(d *durationpb.Duration) time.Duration {
 	return d.AsDuration()
 }
 
-// RuleToProto converts a rule.Rule to the wire form.
-func RuleToProto(r *rule.Rule) *pb.Rule {
+// ToProto converts a rule.Rule to the wire form.
+func ToProto(r *rule.Rule) *pb.Rule {
 	p := &pb.Rule{
 		Name:        r.Name,
 		Algorithm:   pb.Algorithm(r.Algorithm),
@@ -90,9 +92,9 @@ func RuleToProto(r *rule.Rule) *pb.Rule {
 	return p
 }
 
-// clientRule is the part of a rule that clients read in the cluster view.
-func clientRule(r *rule.Rule) *pb.ClientRule {
-	full := RuleToProto(r)
+// ClientRule is the part of a rule that clients read in the cluster view.
+func ClientRule(r *rule.Rule) *pb.ClientRule {
+	full := ToProto(r)
 	cfg := r.Config()
 	return &pb.ClientRule{
 		Name:      r.Name,

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/rulepb"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -51,7 +52,7 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 	if req.GetRule() == nil {
 		return nil, status.Error(codes.InvalidArgument, "rule is missing")
 	}
-	r, err := s.n.cluster.Put(ctx, RuleFromProto(req.GetRule()), req.ExpectedVersion)
+	r, err := s.n.cluster.Put(ctx, rulepb.FromProto(req.GetRule()), req.ExpectedVersion)
 	if err != nil {
 		var resp *pb.PutRuleResponse
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) (err error) {
@@ -61,7 +62,7 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 		return resp, err
 	}
 	s.n.log.Info("rule put", "rule", r.Name, "algorithm", r.Algorithm.String(), "version", r.Version)
-	return &pb.PutRuleResponse{Rule: RuleToProto(r)}, nil
+	return &pb.PutRuleResponse{Rule: rulepb.ToProto(r)}, nil
 }
 
 // GetRule implements pb.AdminServiceServer.
@@ -74,7 +75,7 @@ func (s *adminService) GetRule(ctx context.Context, req *pb.GetRuleRequest) (*pb
 		if c == nil {
 			return nil, status.Errorf(codes.NotFound, "rule %q not found on node %s", req.GetName(), s.n.cluster.ID())
 		}
-		return RuleToProto(c.Rule), nil
+		return rulepb.ToProto(c.Rule), nil
 	}
 	r, err := s.n.cluster.Get(ctx, req.GetName())
 	if err != nil {
@@ -85,7 +86,7 @@ func (s *adminService) GetRule(ctx context.Context, req *pb.GetRuleRequest) (*pb
 		})
 		return resp, err
 	}
-	return RuleToProto(r), nil
+	return rulepb.ToProto(r), nil
 }
 
 // ListRules implements pb.AdminServiceServer.
@@ -106,7 +107,7 @@ func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) 
 	}
 	out := &pb.ListRulesResponse{Rules: make([]*pb.Rule, len(rules))}
 	for i, r := range rules {
-		out.Rules[i] = RuleToProto(r)
+		out.Rules[i] = rulepb.ToProto(r)
 	}
 	return out, nil
 }

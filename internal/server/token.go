@@ -14,6 +14,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/rulepb"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -339,7 +340,7 @@ func (n *Node) clusterView() *pb.ClusterView {
 		out.Members = append(out.Members, &pb.Member{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: m.Voter})
 	}
 	for _, r := range n.cluster.Table().Rules() {
-		out.Rules = append(out.Rules, clientRule(r))
+		out.Rules = append(out.Rules, rulepb.ClientRule(r))
 	}
 	return out
 }

@@ -3,7 +3,6 @@ package shard
 import (
 	"encoding/base64"
 	"encoding/binary"
-	"fmt"
 	"hash/maphash"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
@@ -83,7 +82,7 @@ func ParseGrant(s string) (Grant, error) {
 		Sum:      binary.BigEndian.Uint64(raw[25:]),
 	}
 	if g.Nonce == 0 || g.Permits <= 0 {
-		return Grant{}, fmt.Errorf("%w: grant_id %q is malformed: empty grant", rule.ErrInvalid, s)
+		return Grant{}, rule.Invalid("grant_id %q is malformed: empty grant", s)
 	}
 	return g, nil
 }

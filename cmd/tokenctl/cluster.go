@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+func newClusterCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Cluster membership: status, join, remove",
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRunE,
+	}
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Show the members as the answering node sees them",
+		Args:  argNames(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, admin, done, err := a.clients()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := a.context(cmd, 0)
+			defer cancel()
+			var resp *pb.ClusterStatusResponse
+			err = a.call(ctx, "cluster status", func(ctx context.Context) (err error) {
+				resp, err = admin.ClusterStatus(ctx, &pb.ClusterStatusRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				b, err := protoJSON(resp)
+				if err != nil {
+					return err
+				}
+				return writeJSON(a.stdout, b)
+			}
+			leader := resp.GetLeader()
+			if leader == "" {
+				leader = "(none known)"
+			}
+			fmt.Fprintf(a.stdout, "leader: %s  epoch: %d  answered by: %s\n", leader, resp.GetEpoch(), resp.GetAnsweredBy())
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tGRPC\tRAFT\tROLE\tVOTER\tLIVE\tTERM\tCOMMIT\tAPPLIED")
+			for _, m := range resp.GetMembers() {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%t\t%d\t%d\t%d\n", m.GetId(), m.GetGrpcAddr(), m.GetRaftAddr(), m.GetRole(),
+					m.GetVoter(), m.GetLive(), m.GetTerm(), m.GetCommitIndex(), m.GetAppliedIndex())
+			}
+			return tw.Flush()
+		},
+	}
+	var raftAddr, grpcAddr string
+	join := &cobra.Command{
+		Use:   "join ID RAFT_ADDR GRPC_ADDR",
+		Short: "Add a node to the cluster (a voter while there are fewer than 5)",
+		Example: `  tokenctl cluster join node-4 10.0.0.4:7071 10.0.0.4:7070
+  tokenctl cluster join node-4 --raft-addr 10.0.0.4:7071 --grpc-addr 10.0.0.4:7070`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 3 {
+				return argNames("ID", "RAFT_ADDR", "GRPC_ADDR")(cmd, args)
+			}
+			return argNames("ID")(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 3 {
+				raftAddr, grpcAddr = args[1], args[2]
+			} else if err := requireFlags(cmd, "raft-addr", "grpc-addr"); err != nil {
+				return err
+			}
+			return a.simpleAdmin(cmd, fmt.Sprintf("join %s", args[0]), fmt.Sprintf("node %s joined", args[0]),
+				func(ctx context.Context, c pb.AdminServiceClient) error {
+					_, err := c.JoinCluster(ctx, &pb.JoinClusterRequest{Id: args[0], RaftAddr: raftAddr, GrpcAddr: grpcAddr})
+					return err
+				})
+		},
+	}
+	join.Flags().StringVar(&raftAddr, "raft-addr", "", "the node's Raft address (instead of RAFT_ADDR)")
+	join.Flags().StringVar(&grpcAddr, "grpc-addr", "", "the node's gRPC address (instead of GRPC_ADDR)")
+	remove := &cobra.Command{
+		Use:   "remove ID",
+		Short: "Take a node out of the cluster",
+		Args:  argNames("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.simpleAdmin(cmd, fmt.Sprintf("remove %s", args[0]), fmt.Sprintf("node %s removed", args[0]),
+				func(ctx context.Context, c pb.AdminServiceClient) error {
+					_, err := c.RemoveMember(ctx, &pb.RemoveMemberRequest{Id: args[0]})
+					return err
+				})
+		},
+	}
+	cmd.AddCommand(status, join, remove)
+	return cmd
+}
+
+// simpleAdmin runs one admin call that answers nothing but success.
+func (a *app) simpleAdmin(cmd *cobra.Command, what, done string, f func(context.Context, pb.AdminServiceClient) error) error {
+	_, admin, closeConn, err := a.clients()
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	ctx, cancel := a.context(cmd, 0)
+	defer cancel()
+	if err := a.call(ctx, what, func(ctx context.Context) error { return f(ctx, admin) }); err != nil {
+		return err
+	}
+	if a.json() {
+		return writeJSON(a.stdout, map[string]any{"ok": true, "message": done})
+	}
+	_, err = fmt.Fprintln(a.stdout, done)
+	return err
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// Rules travel as protojson with the proto's JSON (lowerCamelCase) field
+// names, the same names rule apply reads, so that the output of
+// `rule get -o json` and `rule list -o json` can be applied again.
+var jsonOpts = protojson.MarshalOptions{}
+
+// protoJSON marshals m with jsonOpts, compact and with stable spacing
+// (protojson's own output varies its whitespace on purpose).
+func protoJSON(m proto.Message) (json.RawMessage, error) {
+	b, err := jsonOpts.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s as JSON: %w", m.ProtoReflect().Descriptor().Name(), err)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// writeJSON writes v as indented JSON and a newline.
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// writeJSONLine writes v as compact JSON on one line.
+func writeJSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// writeRulesJSON writes {"rules":[...]}; a missing list is written as [].
+func writeRulesJSON(w io.Writer, rules []*pb.Rule) error {
+	out := struct {
+		Rules []json.RawMessage `json:"rules"`
+	}{Rules: make([]json.RawMessage, 0, len(rules))}
+	for _, r := range rules {
+		b, err := protoJSON(r)
+		if err != nil {
+			return err
+		}
+		out.Rules = append(out.Rules, b)
+	}
+	return writeJSON(w, out)
+}
+
+// writeRuleJSON writes one rule object.
+func writeRuleJSON(w io.Writer, r *pb.Rule) error {
+	b, err := protoJSON(r)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, b)
+}
+
+// algorithmNames spells the algorithms as flags do.
+var algorithmNames = map[pb.Algorithm]string{
+	pb.Algorithm_TOKEN_BUCKET:   "token-bucket",
+	pb.Algorithm_LEAKY_BUCKET:   "leaky-bucket",
+	pb.Algorithm_FIXED_WINDOW:   "fixed-window",
+	pb.Algorithm_SLIDING_WINDOW: "sliding-window",
+	pb.Algorithm_SLIDING_LOG:    "sliding-log",
+	pb.Algorithm_CONCURRENCY:    "concurrency",
+}
+
+// algorithmName is the flag spelling of a, or the enum's name.
+func algorithmName(a pb.Algorithm) string {
+	if n, ok := algorithmNames[a]; ok {
+		return n
+	}
+	return a.String()
+}
+
+// parseAlgorithm reads token-bucket (or TOKEN_BUCKET, token_bucket).
+func parseAlgorithm(s string) (pb.Algorithm, error) {
+	norm := strings.ReplaceAll(strings.ToLower(s), "_", "-")
+	for a, n := range algorithmNames {
+		if n == norm {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want token-bucket, leaky-bucket, fixed-window, sliding-window, sliding-log or concurrency)", s)
+}
+
+// fallbackNames spells the fallback policies as flags do.
+var fallbackNames = map[pb.FallbackPolicy]string{
+	pb.FallbackPolicy_ALLOW: "allow",
+	pb.FallbackPolicy_DENY:  "deny",
+	pb.FallbackPolicy_LOCAL: "local",
+}
+
+func parseFallback(s string) (pb.FallbackPolicy, error) {
+	norm := strings.ToLower(s)
+	for p, n := range fallbackNames {
+		if n == norm {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown fallback policy %q (want local, allow or deny)", s)
+}
+
+// capacity is the most permits one request can take under the rule's
+// default limit: burst for the buckets when set, else the limit.
+func capacity(r *pb.Rule) int64 {
+	switch r.GetAlgorithm() {
+	case pb.Algorithm_TOKEN_BUCKET, pb.Algorithm_LEAKY_BUCKET:
+		if r.GetBurst() > 0 {
+			return r.GetBurst()
+		}
+	}
+	return r.GetLimit()
+}
+
+// fmtDur prints a Duration, "-" when unset.
+func fmtDur(d *durationpb.Duration) string {
+	if d == nil {
+		return "-"
+	}
+	return d.AsDuration().String()
+}
+
+// writeRuleTable writes one rule as "field: value" lines.
+func writeRuleTable(w io.Writer, r *pb.Rule) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t"+format+"\n", append([]any{k}, args...)...)
+	}
+	row("name", "%s", r.GetName())
+	row("algorithm", "%s", algorithmName(r.GetAlgorithm()))
+	row("limit", "%d", r.GetLimit())
+	row("period", "%s", fmtDur(r.GetPeriod()))
+	switch a := r.GetAlgorithm(); {
+	case a == pb.Algorithm_TOKEN_BUCKET || a == pb.Algorithm_LEAKY_BUCKET:
+		if r.GetBurst() == 0 {
+			row("burst", "%d (the limit)", r.GetLimit())
+		} else {
+			row("burst", "%d", r.GetBurst())
+		}
+	case r.GetBurst() != 0:
+		row("burst", "%d (not used by %s)", r.GetBurst(), algorithmName(a))
+	}
+	if r.GetAlgorithm() == pb.Algorithm_SLIDING_WINDOW || r.GetSampleCount() != 0 {
+		if r.GetSampleCount() == 0 {
+			row("sample count", "default")
+		} else {
+			row("sample count", "%d", r.GetSampleCount())
+		}
+	}
+	if r.GetWarmup().AsDuration() != 0 {
+		row("warmup", "%s", fmtDur(r.GetWarmup()))
+	}
+	if r.GetPenalty().AsDuration() != 0 {
+		row("penalty", "%s", fmtDur(r.GetPenalty()))
+	}
+	if r.GetMaxKeys() != 0 {
+		row("max keys", "%d", r.GetMaxKeys())
+	}
+	if len(r.GetOverrides()) > 0 {
+		row("overrides", "%s", overridesString(r.GetOverrides()))
+	}
+	if len(r.GetDeny()) > 0 {
+		row("deny", "%s", strings.Join(r.GetDeny(), ", "))
+	}
+	if len(r.GetAllow()) > 0 {
+		row("allow", "%s", strings.Join(r.GetAllow(), ", "))
+	}
+	if r.GetShadow() {
+		row("shadow", "true")
+	}
+	if f := r.GetFallback(); f != nil {
+		row("fallback", "%s", fallbackString(f))
+	}
+	if l := r.GetLease(); l != nil {
+		row("lease", "max %d, ttl %s", l.GetMaxBatch(), fmtDur(l.GetTtl()))
+	}
+	row("version", "%d", r.GetVersion())
+	row("generation", "%d", r.GetGeneration())
+	return tw.Flush()
+}
+
+func overridesString(os []*pb.Override) string {
+	parts := make([]string, len(os))
+	for i, o := range os {
+		parts[i] = fmt.Sprintf("%s=%d", o.GetKey(), o.GetLimit())
+		if o.GetBurst() != 0 {
+			parts[i] += fmt.Sprintf("/%d", o.GetBurst())
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func fallbackString(f *pb.Fallback) string {
+	n, ok := fallbackNames[f.GetPolicy()]
+	if !ok {
+		n = "unspecified"
+	}
+	if f.GetLimit() != 0 {
+		n += fmt.Sprintf(" (limit %d)", f.GetLimit())
+	}
+	return n
+}
+
+// writeRulesTable writes rules as a table, one row each.
+func writeRulesTable(w io.Writer, rules []*pb.Rule) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tALGORITHM\tLIMIT\tPERIOD\tBURST\tVERSION\tOPTIONS")
+	for _, r := range rules {
+		var opts []string
+		if n := len(r.GetOverrides()); n > 0 {
+			opts = append(opts, fmt.Sprintf("overrides=%d", n))
+		}
+		if n := len(r.GetDeny()); n > 0 {
+			opts = append(opts, fmt.Sprintf("deny=%d", n))
+		}
+		if n := len(r.GetAllow()); n > 0 {
+			opts = append(opts, fmt.Sprintf("allow=%d", n))
+		}
+		if r.GetSampleCount() != 0 {
+			opts = append(opts, fmt.Sprintf("samples=%d", r.GetSampleCount()))
+		}
+		if r.GetWarmup().AsDuration() != 0 {
+			opts = append(opts, "warmup="+fmtDur(r.GetWarmup()))
+		}
+		if r.GetPenalty().AsDuration() != 0 {
+			opts = append(opts, "penalty="+fmtDur(r.GetPenalty()))
+		}
+		if r.GetMaxKeys() != 0 {
+			opts = append(opts, fmt.Sprintf("max-keys=%d", r.GetMaxKeys()))
+		}
+		if r.GetShadow() {
+			opts = append(opts, "shadow")
+		}
+		if f := r.GetFallback(); f != nil {
+			fb := "fallback=" + fallbackNames[f.GetPolicy()]
+			if f.GetLimit() != 0 {
+				fb += fmt.Sprintf("/%d", f.GetLimit())
+			}
+			opts = append(opts, fb)
+		}
+		if l := r.GetLease(); l != nil {
+			opts = append(opts, fmt.Sprintf("lease=%d/%s", l.GetMaxBatch(), fmtDur(l.GetTtl())))
+		}
+		o := strings.Join(opts, " ")
+		if o == "" {
+			o = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%s\n", r.GetName(), algorithmName(r.GetAlgorithm()), r.GetLimit(),
+			fmtDur(r.GetPeriod()), capacity(r), r.GetVersion(), o)
+	}
+	return tw.Flush()
+}
+
+// fmtNs prints nanoseconds as a duration.
+func fmtNs(ns int64) string { return time.Duration(ns).String() }
