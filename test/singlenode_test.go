@@ -10,21 +10,31 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSingleNode drives one tokenserver process with tokenctl the way the
 // README's tour does.
 func TestSingleNode(t *testing.T) {
 	s := startServer(t, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir", t.TempDir())
+	// Live at once; ready once the one-node Raft cluster has elected itself
+	// and set its routing view (about a second).
 	for _, path := range []string{"/healthz", "/readyz"} {
-		resp, err := http.Get(fmt.Sprintf("http://%s%s", s.httpAddr, path))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			resp, err := http.Get(fmt.Sprintf("http://%s%s", s.httpAddr, path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+			if path == "/healthz" || time.Now().After(deadline) {
+				t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 

@@ -53,9 +53,16 @@ func (s *slogLogger) Log(level hclog.Level, msg string, args ...any) {
 	all = append(all, "logger", s.name)
 	all = append(all, s.args...)
 	for _, a := range args {
-		if f, ok := a.(hclog.Format); ok && len(f) > 0 {
-			format, _ := f[0].(string)
-			a = fmt.Sprintf(format, f[1:]...)
+		switch v := a.(type) {
+		case hclog.Format:
+			if len(v) > 0 {
+				format, _ := v[0].(string)
+				a = fmt.Sprintf(format, v[1:]...)
+			}
+		case error:
+			a = v.Error()
+		case fmt.Stringer:
+			a = v.String()
 		}
 		all = append(all, a)
 	}
