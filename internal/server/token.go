@@ -73,7 +73,12 @@ func (n *Node) decide(t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, 
 	if req.Permits != nil {
 		permits = *req.Permits
 	}
-	d, err := n.buckets.Acquire(c, req.GetKey(), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
+	var d shard.Decision
+	if req.GetLease() {
+		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
+	} else {
+		d, err = n.buckets.Acquire(c, req.GetKey(), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
+	}
 	if err != nil {
 		return shard.Grant{}, err
 	}

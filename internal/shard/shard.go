@@ -161,6 +161,33 @@ func CheckRequest(cfg *bucket.Config, req bucket.Request) error {
 // Decision with Allowed false, not an error; errors are rule.ErrInvalid for a
 // bad request, ErrBucketCap and ErrMaxKeys for a new key past a cap.
 func (m *Map) Acquire(c *rule.Compiled, key string, req bucket.Request, now int64) (Decision, error) {
+	return m.acquire(c, key, req, false, now)
+}
+
+// Lease policy: under LeaseLowShare of capacity, a lease gets at most
+// 1/LeaseTailDivisor of what remains.
+const (
+	LeaseLowShare    = 10 // percent
+	LeaseTailDivisor = 2
+)
+
+// AcquireLease is a client lease of up to want permits: a partial grant
+// capped at the rule's lease.max_batch and, once the key is under
+// LeaseLowShare percent of its capacity, at 1/LeaseTailDivisor of what
+// remains (at least one), so that clients share the tail (the limited
+// grants near exhaustion of quota pre-allocation). Rules without leases
+// refuse it with rule.ErrInvalid.
+func (m *Map) AcquireLease(c *rule.Compiled, key string, want int64, now int64) (Decision, error) {
+	if c.Rule.Lease.MaxBatch <= 0 {
+		return Decision{}, rule.Invalid("rule %q does not allow leases (lease.max_batch is not set)", c.Rule.Name)
+	}
+	if want < 1 {
+		return Decision{}, rule.Invalid("a lease wants permits >= 1, got %d", want)
+	}
+	return m.acquire(c, key, bucket.Request{Permits: want, Partial: true}, true, now)
+}
+
+func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bool, now int64) (Decision, error) {
 	cfg := c.ConfigFor(key)
 	if err := CheckRequest(cfg, req); err != nil {
 		return Decision{}, err
@@ -194,6 +221,14 @@ func (m *Map) Acquire(c *rule.Compiled, key string, req bucket.Request, now int6
 		d := Decision{Result: e.b.Acquire(cfg, now, bucket.Request{}), Reason: ReasonPenalty}
 		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now
 		return shadow(c, d, req), nil
+	}
+	if lease {
+		left := e.b.Acquire(cfg, now, bucket.Request{}).Remaining
+		want := min(req.Permits, c.Rule.Lease.MaxBatch)
+		if left*100 < cfg.Capacity()*LeaseLowShare {
+			want = min(want, max(1, left/LeaseTailDivisor))
+		}
+		req.Permits = want
 	}
 	sh.seq++
 	nonce := sh.seq<<(64-m.shift) | idx

@@ -393,3 +393,42 @@ func TestFlood(t *testing.T) {
 // bytesPerBucket is the measured heap cost of one live token-bucket key
 // (BenchmarkMemoryPerKey), rounded up.
 const bytesPerBucket = 150
+
+// TestLeasePolicy: leases are capped at max_batch, and near exhaustion get
+// at most half of what remains, so the tail is shared.
+func TestLeasePolicy(t *testing.T) {
+	r := tb("api", 100)
+	r.Lease = rule.Lease{MaxBatch: 30, TTL: time.Second}
+	_, get := store(t, r, tb("plain", 10))
+	m := New(Config{})
+	now := 100 * sec
+	var got []int64
+	for i := 0; i < 10; i++ {
+		d, err := m.AcquireLease(get("api"), "k", 50, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d.Granted)
+	}
+	// 30, 30, 30 (capped), then 10 is not under 10% so 10, then 0 left.
+	want := []int64{30, 30, 30, 10, 0, 0, 0, 0, 0, 0}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("lease grants %v, want %v", got, want)
+	}
+	// Near exhaustion: 8 left of 100 (under 10%): grants halve.
+	d := acquire(t, m, get("api"), "tail", 92, now)
+	if !d.Allowed {
+		t.Fatal(d)
+	}
+	got = got[:0]
+	for i := 0; i < 5; i++ {
+		d, _ := m.AcquireLease(get("api"), "tail", 30, now)
+		got = append(got, d.Granted)
+	}
+	if want := []int64{4, 2, 1, 1, 0}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("tail lease grants %v, want %v", got, want)
+	}
+	if _, err := m.AcquireLease(get("plain"), "k", 5, now); !errors.Is(err, rule.ErrInvalid) {
+		t.Fatalf("lease on a rule without leases: %v", err)
+	}
+}

@@ -604,7 +604,13 @@ type AcquireTokenRequest struct {
 	Partial bool `protobuf:"varint,4,opt,name=partial,proto3" json:"partial,omitempty"`
 	// Shaping (TOKEN_BUCKET, LEAKY_BUCKET): wait up to this long for the
 	// tokens instead of being denied; at most one period.
-	MaxWaitNs     int64 `protobuf:"varint,5,opt,name=max_wait_ns,json=maxWaitNs,proto3" json:"max_wait_ns,omitempty"`
+	MaxWaitNs int64 `protobuf:"varint,5,opt,name=max_wait_ns,json=maxWaitNs,proto3" json:"max_wait_ns,omitempty"`
+	// A client lease (rules whose lease.max_batch is set): a partial grant of
+	// up to `permits`, capped at lease.max_batch; once the key runs low (under
+	// 10% of its capacity) at most half of what remains, so that several
+	// clients share the tail. The client serves the grant locally and refills
+	// what it did not use.
+	Lease         bool `protobuf:"varint,6,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -672,6 +678,13 @@ func (x *AcquireTokenRequest) GetMaxWaitNs() int64 {
 		return x.MaxWaitNs
 	}
 	return 0
+}
+
+func (x *AcquireTokenRequest) GetLease() bool {
+	if x != nil {
+		return x.Lease
+	}
+	return false
 }
 
 type AcquireTokenResponse struct {
@@ -2521,13 +2534,14 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\"Y\n" +
 	"\rLeaseSettings\x12\x1b\n" +
 	"\tmax_batch\x18\x01 \x01(\x03R\bmaxBatch\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xa0\x01\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xb6\x01\n" +
 	"\x13AcquireTokenRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n" +
 	"\apermits\x18\x03 \x01(\x03H\x00R\apermits\x88\x01\x01\x12\x18\n" +
 	"\apartial\x18\x04 \x01(\bR\apartial\x12\x1e\n" +
-	"\vmax_wait_ns\x18\x05 \x01(\x03R\tmaxWaitNsB\n" +
+	"\vmax_wait_ns\x18\x05 \x01(\x03R\tmaxWaitNs\x12\x14\n" +
+	"\x05lease\x18\x06 \x01(\bR\x05leaseB\n" +
 	"\n" +
 	"\b_permits\"\x83\x03\n" +
 	"\x14AcquireTokenResponse\x12\x18\n" +
