@@ -74,6 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cfg.DefaultDeadline, "default-deadline", o.cfg.DefaultDeadline, "deadline given to calls that carry none")
 	fs.DurationVar(&o.cfg.SweepInterval, "sweep-interval", o.cfg.SweepInterval, "how often idle buckets are evicted")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", o.cfg.ShutdownGrace, "on SIGTERM, how long calls in flight may finish")
+	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Usage = func() {

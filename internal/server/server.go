@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,8 @@ type Config struct {
 	SweepInterval time.Duration
 	// ShutdownGrace is how long a graceful stop waits for calls in flight.
 	ShutdownGrace time.Duration
+	// Pprof serves net/http/pprof under /debug/pprof/ on the HTTP address.
+	Pprof bool
 	// Logger receives the node's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Clock returns monotonic nanoseconds; nil means the process clock.
@@ -334,6 +337,13 @@ func (n *Node) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", n.metrics.handler())
+	if n.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !n.ready.Load() {
 			http.Error(w, "not ready: not serving", http.StatusServiceUnavailable)

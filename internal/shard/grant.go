@@ -88,16 +88,13 @@ func ParseGrant(s string) (Grant, error) {
 }
 
 // sum computes the keyed hash of g for the bucket key bk (rule, key) and the
-// rule generation.
+// rule generation: one maphash.Bytes call over the fields and bk.
 func sum(seed maphash.Seed, bk []byte, gen uint64, g Grant) uint64 {
-	var h maphash.Hash
-	h.SetSeed(seed)
-	var b [32]byte
-	binary.LittleEndian.PutUint64(b[0:], gen)
-	binary.LittleEndian.PutUint64(b[8:], g.Nonce)
-	binary.LittleEndian.PutUint64(b[16:], uint64(g.IssuedAt))
-	binary.LittleEndian.PutUint64(b[24:], uint64(g.Permits))
-	h.Write(b[:])
-	h.Write(bk)
-	return h.Sum64()
+	var arr [32 + rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	b := binary.LittleEndian.AppendUint64(arr[:0], gen)
+	b = binary.LittleEndian.AppendUint64(b, g.Nonce)
+	b = binary.LittleEndian.AppendUint64(b, uint64(g.IssuedAt))
+	b = binary.LittleEndian.AppendUint64(b, uint64(g.Permits))
+	b = append(b, bk...)
+	return maphash.Bytes(seed, b)
 }

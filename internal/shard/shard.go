@@ -195,21 +195,24 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	if c.Allowed(key) {
 		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList}, nil
 	}
+	var d Decision
 	if c.Denied(key) {
-		d := Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList}
-		return shadow(c, d, req), nil
+		d = Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList}
+		shadow(c, &d, req)
+		return d, nil
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	sh, idx := m.shardOf(bk)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	e := sh.m[string(bk)]
 	if e == nil {
 		if req.Permits == 0 { // a peek creates nothing
+			sh.mu.Unlock()
 			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit}, nil
 		}
 		if err := m.admitNew(sh, c, now); err != nil {
+			sh.mu.Unlock()
 			return Decision{}, err
 		}
 		e = &entry{b: bucket.New(cfg, now), rule: c}
@@ -218,9 +221,11 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		m.update(e, c, key, now)
 	}
 	if now < e.penaltyUntil {
-		d := Decision{Result: e.b.Acquire(cfg, now, bucket.Request{}), Reason: ReasonPenalty}
+		d.Result, d.Reason = e.b.Acquire(cfg, now, bucket.Request{}), ReasonPenalty
 		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now
-		return shadow(c, d, req), nil
+		sh.mu.Unlock()
+		shadow(c, &d, req)
+		return d, nil
 	}
 	if lease {
 		left := e.b.Acquire(cfg, now, bucket.Request{}).Remaining
@@ -233,25 +238,25 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	sh.seq++
 	nonce := sh.seq<<(64-m.shift) | idx
 	req.LeaseID = nonce
-	res := e.b.Acquire(cfg, now, req)
-	d := Decision{Result: res, Reason: ReasonLimit}
-	if !res.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
+	d.Result, d.Reason = e.b.Acquire(cfg, now, req), ReasonLimit
+	if !d.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
 		e.penaltyUntil = now + int64(c.Rule.Penalty)
 		d.RetryAfter = max(d.RetryAfter, int64(c.Rule.Penalty))
 	}
-	if res.Granted > 0 {
-		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: res.Granted}
+	sh.mu.Unlock()
+	if d.Granted > 0 {
+		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: d.Granted}
 		d.Grant.Sum = sum(m.seed, bk, c.Rule.Generation, d.Grant)
 	}
-	return shadow(c, d, req), nil
+	shadow(c, &d, req)
+	return d, nil
 }
 
 // shadow turns a denial into an allow in a shadow rule.
-func shadow(c *rule.Compiled, d Decision, req bucket.Request) Decision {
+func shadow(c *rule.Compiled, d *Decision, req bucket.Request) {
 	if c.Rule.Shadow && !d.Allowed {
 		d.Allowed, d.ShadowDenied, d.Granted, d.RetryAfter = true, true, req.Permits, 0
 	}
-	return d
 }
 
 // admitNew counts a new bucket against the node's and the rule's caps;

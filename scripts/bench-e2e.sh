@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# End-to-end figures over loopback, server on core 0 and load generator on
+# core 1 (taskset): a bare gRPC unary call (tokenctl bench-server, gRPC's
+# health service) against AcquireToken with 64 concurrent callers, and
+# AcquireTokens with 100 items per call. Part of `make bench`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dur=${BENCH_DURATION:-10s}
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+pin0="taskset -c 0"; pin1="taskset -c 1"
+if ! command -v taskset >/dev/null || [ "$(nproc)" -lt 2 ]; then pin0=""; pin1=""; echo "(no taskset or one core: not pinned)"; fi
+
+$pin0 bin/tokenctl bench-server --addr 127.0.0.1:7199 >"$work/bare.addr" 2>"$work/bare.log" &
+pids+=($!)
+$pin0 bin/tokenserver --data-dir "$work/data" --grpc-addr 127.0.0.1:7190 --http-addr 127.0.0.1:7192 --raft-addr 127.0.0.1:7191 --log-level warn 2>"$work/server.log" &
+pids+=($!)
+for _ in $(seq 1 100); do curl -fs 127.0.0.1:7192/readyz >/dev/null 2>&1 && break; sleep 0.1; done
+bin/tokenctl --server 127.0.0.1:7190 rule put bench --algorithm token-bucket --limit 1000000000 --period 1s -o json >/dev/null
+
+echo "lscpu threads per core: $(lscpu | awk -F: '/Thread\(s\) per core/ {gsub(/ /,"",$2); print $2}')"
+for mode in bare unary batch; do
+  server=127.0.0.1:7190; extra=(--rule bench)
+  [ "$mode" = bare ] && { server=127.0.0.1:7199; extra=(); }
+  $pin1 bin/tokenctl --server "$server" bench --mode "$mode" "${extra[@]}" --concurrency 64 --keys 10000 --batch 100 --duration "$dur" -o json 2>/dev/null
+done
