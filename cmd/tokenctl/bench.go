@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -455,15 +457,17 @@ func fmtMs(ms float64) string {
 
 func newBenchServerCmd(a *app) *cobra.Command {
 	var (
-		addr     string
-		duration time.Duration
+		addr      string
+		duration  time.Duration
+		gcPercent int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench-server",
 		Short: "Serve a minimal gRPC service for 'bench --mode bare'",
 		Long: `Serve grpc.health.v1.Health (google.golang.org/grpc/health, always SERVING)
-and nothing else, with gRPC's default server options: the trivial unary call
-that 'bench --mode bare' measures, so that AcquireToken's RPC/s reads as a
+and nothing else, with the gRPC server settings and GC target tokenserver
+uses (32 stream workers, --gc-percent 400): the trivial unary call that
+'bench --mode bare' measures, so that AcquireToken's RPC/s reads as a
 fraction of what gRPC itself allows on this machine. Prints the address it
 listens on to stdout and serves until interrupted or --duration passes.`,
 		Example: `  taskset -c 0 tokenctl bench-server --addr 127.0.0.1:7099 &
@@ -477,7 +481,12 @@ listens on to stdout and serves until interrupted or --duration passes.`,
 			if err != nil {
 				return fmt.Errorf("bench-server: listen on --addr %s: %w", addr, err)
 			}
-			s := grpc.NewServer()
+			// The same stream-worker pool as tokenserver, so the two are
+			// measured with the same gRPC server settings.
+			s := grpc.NewServer(grpc.NumStreamWorkers(32))
+			if _, set := os.LookupEnv("GOGC"); !set {
+				debug.SetGCPercent(gcPercent)
+			}
 			hs := health.NewServer()
 			hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 			healthpb.RegisterHealthServer(s, hs)
@@ -510,6 +519,7 @@ listens on to stdout and serves until interrupted or --duration passes.`,
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "address to listen on (port 0 picks a free one)")
+	cmd.Flags().IntVar(&gcPercent, "gc-percent", 400, "Go GC target percentage, as tokenserver's --gc-percent (unless GOGC is set)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "stop after this long (0: until interrupted)")
 	return cmd
 }

@@ -38,7 +38,7 @@ type testNode struct {
 	clock atomic.Int64
 }
 
-func newTestNode(t *testing.T, mutate func(*Config)) *testNode {
+func newTestNode(t testing.TB, mutate func(*Config)) *testNode {
 	t.Helper()
 	tn := &testNode{}
 	tn.clock.Store(int64(100 * time.Second))
@@ -77,13 +77,13 @@ func newTestNode(t *testing.T, mutate func(*Config)) *testNode {
 
 func (tn *testNode) advance(d time.Duration) { tn.clock.Add(int64(d)) }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return c
 }
 
-func (tn *testNode) put(t *testing.T, r *pb.Rule) *pb.Rule {
+func (tn *testNode) put(t testing.TB, r *pb.Rule) *pb.Rule {
 	t.Helper()
 	resp, err := tn.admin.PutRule(ctx(t), &pb.PutRuleRequest{Rule: r})
 	if err != nil {
@@ -327,8 +327,11 @@ func TestHealthAndReflection(t *testing.T) {
 
 func TestDefaultDeadline(t *testing.T) {
 	var seen atomic.Bool
-	n := &Node{cfg: Config{DefaultDeadline: time.Second}}
-	_, err := n.deadlineUnary(context.Background(), nil, nil, func(ctx context.Context, _ any) (any, error) {
+	n, err := New(Config{GRPCAddr: "127.0.0.1:0", MaxRecvMsgSize: 1 << 20, DefaultDeadline: time.Second, SweepInterval: time.Second}, NewStandalone("n", "a", rule.NewMemStore()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.unary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x/y"}, func(ctx context.Context, _ any) (any, error) {
 		dl, ok := ctx.Deadline()
 		seen.Store(ok && time.Until(dl) <= time.Second)
 		return nil, nil

@@ -52,11 +52,8 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 	if v.Len() == 0 {
 		return nil, status.Error(codes.Unavailable, "this node has no routing view yet; retry")
 	}
-	if forwarded(ctx) {
-		return nil, nil
-	}
 	owner, _ := v.Owner(key)
-	if owner.ID == n.cluster.ID() {
+	if owner.ID == n.cluster.ID() || forwarded(ctx) { // the owner is checked first: it is free
 		return nil, nil
 	}
 	return &owner, nil

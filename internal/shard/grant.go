@@ -41,7 +41,8 @@ func (g Grant) String() string {
 	if g.IsZero() {
 		return ""
 	}
-	return string(g.Append(nil))
+	var buf [44]byte // GrantIDLen
+	return string(g.Append(buf[:0]))
 }
 
 // GrantIDLen is the length of an encoded grant id.

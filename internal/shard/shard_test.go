@@ -432,3 +432,13 @@ func TestLeasePolicy(t *testing.T) {
 		t.Fatalf("lease on a rule without leases: %v", err)
 	}
 }
+
+func TestGrantIDLen(t *testing.T) {
+	g := Grant{Nonce: 1, IssuedAt: -1, Permits: 1 << 60, Sum: 1<<64 - 1}
+	if s := g.String(); len(s) != GrantIDLen || GrantIDLen != 44 {
+		t.Fatalf("grant id %q is %d long; GrantIDLen %d", s, len(s), GrantIDLen)
+	}
+	if p, err := ParseGrant(g.String()); err != nil || p != g {
+		t.Fatalf("round trip: %+v %v", p, err)
+	}
+}
