@@ -1,6 +1,11 @@
-// Package shard keeps a node's buckets: one per (rule, key), in lock-striped
-// shards, created on first use, evicted once back at their initial state,
-// under a node-wide cap.
+// Package shard keeps a node's buckets: one per (rule, key), in shards
+// created on first use, evicted once back at their initial state, under a
+// node-wide cap.
+//
+// Locking: each bucket has its own mutex, and a shard's index is read
+// without a lock (see table), so a decision writes only its own bucket's
+// cache lines; a shard's mutex serializes inserts, evictions and growth of
+// that shard's index.
 package shard
 
 import (
@@ -64,9 +69,10 @@ type Config struct {
 	MaxBuckets int64
 }
 
-// DefaultShards is the shard count when Config.Shards is 0. 64 stripes keep
-// lock contention negligible at 2-16 cores (see BenchmarkAcquireParallel);
-// more only cost memory and sweep time.
+// DefaultShards is the shard count when Config.Shards is 0: shards only
+// stripe inserts and evictions (decisions lock one bucket), and 64 keep a
+// new-key flood from contending at 2-16 cores while each shard's index stays
+// large enough to grow rarely (BenchmarkAcquireParallel, BenchmarkFlood).
 const DefaultShards = 64
 
 // maxRefillLog bounds the refilled-grant record of one bucket; past it a
@@ -86,15 +92,28 @@ type Map struct {
 }
 
 type shard struct {
-	mu  sync.Mutex
-	m   map[string]*entry
-	seq uint64 // grant nonces: seq<<shardBits | shard index
-	_   [40]byte
+	mu     sync.Mutex // serializes insert, remove and rehash of tab
+	tab    atomic.Pointer[table]
+	used   int // slots holding an entry or a tombstone; under mu
+	live   int // slots holding an entry; under mu
+	cursor int // where on-demand eviction resumes; under mu
+	_      [64]byte
 }
 
-// entry is one bucket with what the shard keeps about it.
+// entry is one bucket with what the shard keeps about it. Its fields but
+// key are guarded by mu.
 type entry struct {
-	b bucket.Bucket
+	mu sync.Mutex
+	// seq numbers the bucket's grants (the grant nonce, a concurrency
+	// lease's id); it starts at the creation time, so ids differ across a
+	// key's successive buckets. Beside mu: a decision writes one line.
+	seq uint64
+	// key is the bucket key: rule name, NUL, key. Immutable.
+	key string
+	// dead is set when the entry left the index; a lookup that finds a dead
+	// entry looks again.
+	dead bool
+	b    bucket.Bucket
 	// rule is the compiled rule version the bucket was last judged by.
 	rule *rule.Compiled
 	// penaltyUntil is the end of the key's penalty lock-out.
@@ -121,7 +140,7 @@ func New(c Config) *Map {
 		m.shift = 64
 	}
 	for i := range m.shards {
-		m.shards[i].m = make(map[string]*entry)
+		m.shards[i].tab.Store(newTable(minTable))
 	}
 	return m
 }
@@ -133,12 +152,51 @@ func bucketKey(buf []byte, ruleName, key string) []byte {
 	return append(buf, key...)
 }
 
+// shardOf returns the shard of bucket key bk and bk's hash.
 func (m *Map) shardOf(bk []byte) (*shard, uint64) {
+	h := maphash.Bytes(m.seed, bk)
 	if m.shift == 64 {
-		return &m.shards[0], 0
+		return &m.shards[0], h
 	}
-	i := maphash.Bytes(m.seed, bk) >> m.shift
-	return &m.shards[i], i
+	return &m.shards[h>>m.shift], h
+}
+
+// lookup returns the live entry of bk, locked, or nil. It takes no shard
+// lock.
+func (m *Map) lookup(sh *shard, h uint64, bk []byte) *entry {
+	for {
+		e := sh.tab.Load().find(h, bk)
+		if e == nil {
+			return nil
+		}
+		e.mu.Lock()
+		if !e.dead {
+			return e
+		}
+		e.mu.Unlock() // evicted meanwhile: look again
+	}
+}
+
+// lookupOrCreate returns the entry of bk, locked, creating it (against the
+// caps) when there is none.
+func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, cfg *bucket.Config, now int64) (*entry, error) {
+	if e := m.lookup(sh, h, bk); e != nil {
+		return e, nil
+	}
+	sh.mu.Lock()
+	if e := m.lookup(sh, h, bk); e != nil { // created meanwhile
+		sh.mu.Unlock()
+		return e, nil
+	}
+	if err := m.admitNew(sh, c, now); err != nil {
+		sh.mu.Unlock()
+		return nil, err
+	}
+	e := &entry{key: string(bk), seq: uint64(now), b: bucket.New(cfg, now), rule: c}
+	e.mu.Lock()
+	sh.insert(m.seed, h, e)
+	sh.mu.Unlock()
+	return e, nil
 }
 
 // CheckRequest reports whether req is acceptable for cfg: permits >= 0, at
@@ -203,27 +261,25 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
-	sh, idx := m.shardOf(bk)
-	sh.mu.Lock()
-	e := sh.m[string(bk)]
-	if e == nil {
-		if req.Permits == 0 { // a peek creates nothing
-			sh.mu.Unlock()
+	sh, h := m.shardOf(bk)
+	var e *entry
+	if req.Permits == 0 { // a peek creates nothing
+		if e = m.lookup(sh, h, bk); e == nil {
 			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit}, nil
 		}
-		if err := m.admitNew(sh, c, now); err != nil {
-			sh.mu.Unlock()
+	} else {
+		var err error
+		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
 			return Decision{}, err
 		}
-		e = &entry{b: bucket.New(cfg, now), rule: c}
-		sh.m[string(bk)] = e
-	} else if e.rule != c {
+	}
+	if e.rule != c {
 		m.update(e, c, key, now)
 	}
 	if now < e.penaltyUntil {
 		d.Result, d.Reason = e.b.Acquire(cfg, now, bucket.Request{}), ReasonPenalty
 		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now
-		sh.mu.Unlock()
+		e.mu.Unlock()
 		shadow(c, &d, req)
 		return d, nil
 	}
@@ -235,15 +291,15 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		}
 		req.Permits = want
 	}
-	sh.seq++
-	nonce := sh.seq<<(64-m.shift) | idx
+	e.seq++
+	nonce := e.seq
 	req.LeaseID = nonce
 	d.Result, d.Reason = e.b.Acquire(cfg, now, req), ReasonLimit
 	if !d.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
 		e.penaltyUntil = now + int64(c.Rule.Penalty)
 		d.RetryAfter = max(d.RetryAfter, int64(c.Rule.Penalty))
 	}
-	sh.mu.Unlock()
+	e.mu.Unlock()
 	if d.Granted > 0 {
 		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: d.Granted}
 		d.Grant.Sum = sum(m.seed, bk, c.Rule.Generation, d.Grant)
@@ -336,13 +392,12 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	if sum(m.seed, bk, c.Rule.Generation, g) != g.Sum {
 		return 0, m.peek(c, bk, cfg, now), nil // not a grant of this node, rule generation and key
 	}
-	sh, _ := m.shardOf(bk)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.m[string(bk)]
+	sh, h := m.shardOf(bk)
+	e := m.lookup(sh, h, bk)
 	if e == nil { // evicted: back at its initial state, nothing to give back
 		return 0, bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining, nil
 	}
+	defer e.mu.Unlock()
 	if e.rule != c {
 		m.update(e, c, key, now)
 	}
@@ -409,11 +464,13 @@ func (l *refillLog) live(now int64) bool {
 
 // peek answers the remaining permits of a bucket without creating one.
 func (m *Map) peek(c *rule.Compiled, bk []byte, cfg *bucket.Config, now int64) int64 {
-	sh, _ := m.shardOf(bk)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.m[string(bk)]
-	if e == nil || e.rule.Rule.Generation != c.Rule.Generation {
+	sh, h := m.shardOf(bk)
+	e := m.lookup(sh, h, bk)
+	if e == nil {
+		return bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining
+	}
+	defer e.mu.Unlock()
+	if e.rule.Rule.Generation != c.Rule.Generation {
 		return bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining
 	}
 	if e.rule != c {
@@ -438,13 +495,12 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	if sum(m.seed, bk, c.Rule.Generation, g) != g.Sum {
 		return false, nil
 	}
-	sh, _ := m.shardOf(bk)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.m[string(bk)]
+	sh, h := m.shardOf(bk)
+	e := m.lookup(sh, h, bk)
 	if e == nil {
 		return false, nil
 	}
+	defer e.mu.Unlock()
 	if e.rule != c {
 		m.update(e, c, key, now)
 	}
@@ -452,29 +508,36 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 }
 
 // idle reports whether e can be dropped: back at its initial state, no
-// penalty, no grant that could still be refilled twice.
-func (e *entry) idle(key string, now int64) bool {
+// penalty, no grant that could still be refilled twice; e.mu is held.
+func (e *entry) idle(now int64) bool {
+	key := e.key[len(e.rule.Rule.Name)+1:]
 	return now >= e.penaltyUntil && !e.refilled.live(now) && e.b.Idle(e.rule.ConfigFor(key), now)
 }
 
-// evictIdle drops up to limit... idle entries of sh, looking at no more than
-// 4*limit entries; sh.mu is held.
+// evictIdle drops up to limit idle entries of sh, looking at no more than
+// 4*limit slots from where the previous call stopped; sh.mu is held.
 func (m *Map) evictIdle(sh *shard, now int64, limit int) {
-	seen, dropped := 0, 0
-	for k, e := range sh.m {
-		if seen >= 4*limit || dropped >= limit {
-			return
+	t := sh.tab.Load()
+	dropped := 0
+	for seen := 0; seen < 4*limit && dropped < limit; seen++ {
+		sh.cursor = (sh.cursor + 1) & int(t.mask)
+		e := t.slots[sh.cursor].Load()
+		if e == nil || e == tombstone {
+			continue
 		}
-		seen++
-		if e.idle(k[len(e.rule.Rule.Name)+1:], now) {
-			m.drop(sh, k, e)
+		e.mu.Lock()
+		if !e.dead && e.idle(now) {
+			m.drop(sh, e)
 			dropped++
 		}
+		e.mu.Unlock()
 	}
 }
 
-func (m *Map) drop(sh *shard, k string, e *entry) {
-	delete(sh.m, k)
+// drop takes e out of the index; sh.mu and e.mu are held.
+func (m *Map) drop(sh *shard, e *entry) {
+	e.dead = true
+	sh.remove(maphash.String(m.seed, e.key), e)
 	m.live.Add(-1)
 	e.rule.KeyCount.Add(-1)
 	m.evicted.Add(1)
@@ -482,19 +545,29 @@ func (m *Map) drop(sh *shard, k string, e *entry) {
 
 // Sweep drops every bucket that is idle at now, or whose rule is gone from
 // t (deleted, or re-created as a new generation). It locks one shard at a
-// time and returns how many it dropped.
+// time (and each bucket in turn), shrinks indexes left mostly empty, and
+// returns how many it dropped.
 func (m *Map) Sweep(now int64, t *rule.Table) int {
 	n := 0
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			name := e.rule.Rule.Name
-			cur := t.Get(name)
-			if cur == nil || cur.Rule.Generation != e.rule.Rule.Generation || e.idle(k[len(name)+1:], now) {
-				m.drop(sh, k, e)
+		tab := sh.tab.Load()
+		for j := range tab.slots {
+			e := tab.slots[j].Load()
+			if e == nil || e == tombstone {
+				continue
+			}
+			e.mu.Lock()
+			cur := t.Get(e.rule.Rule.Name)
+			if !e.dead && (cur == nil || cur.Rule.Generation != e.rule.Rule.Generation || e.idle(now)) {
+				m.drop(sh, e)
 				n++
 			}
+			e.mu.Unlock()
+		}
+		if len(tab.slots) > minTable && (sh.live*8 < len(tab.slots) || sh.used*2 > len(tab.slots)) {
+			sh.rehash(m.seed, max(minTable, 1<<bitsFor(2*sh.live+1)))
 		}
 		sh.mu.Unlock()
 	}
