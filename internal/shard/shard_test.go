@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -440,5 +441,60 @@ func TestGrantIDLen(t *testing.T) {
 	}
 	if p, err := ParseGrant(g.String()); err != nil || p != g {
 		t.Fatalf("round trip: %+v %v", p, err)
+	}
+}
+
+// TestConcurrentAcquireSweep hammers the index from several goroutines while
+// sweeps evict and the table grows: every key admits exactly its capacity
+// (a bucket is evicted only when back at its initial state, so eviction
+// never hands out a second bucket's worth), and live counts stay exact.
+func TestConcurrentAcquireSweep(t *testing.T) {
+	s, get := store(t, tb("api", 5))
+	c := get("api")
+	m := New(Config{Shards: 4})
+	const keys, workers = 3000, 4
+	now := 100 * sec
+	allowed := make([]atomic.Int64, keys)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				m.Sweep(now, s.Table())
+			}
+		}
+	}()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < keys*4; i++ {
+				k := (i*7 + w*13) % keys
+				d, err := m.Acquire(c, fmt.Sprint("k", k), bucket.Request{Permits: 1}, now)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					allowed[k].Add(1)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(stop)
+	for k := range allowed {
+		if got := allowed[k].Load(); got != 5 {
+			t.Fatalf("key %d admitted %d, want exactly its capacity 5", k, got)
+		}
+	}
+	if m.Live() != keys {
+		t.Fatalf("live %d, want %d", m.Live(), keys)
+	}
+	if n := m.Sweep(now+10*sec, s.Table()); n != keys || m.Live() != 0 {
+		t.Fatalf("final sweep dropped %d, live %d", n, m.Live())
 	}
 }
