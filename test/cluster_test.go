@@ -72,19 +72,28 @@ func newProcCluster(t *testing.T, n int, extra ...string) *procCluster {
 	for _, id := range c.ids {
 		c.start(id)
 	}
-	for _, id := range c.ids {
-		conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.conns[id] = conn
-		t.Cleanup(func() { conn.Close() })
-	}
+	c.dial()
 	c.waitFor("a leader and a view of all nodes", 60*time.Second, func() bool { return c.liveCount() == n })
 	return c
 }
 
 func (c *procCluster) start(id string) { c.procs[id] = startServer(c.t, c.args[id]...) }
+
+// dial opens a client connection to every node.
+func (c *procCluster) dial() {
+	for _, id := range c.ids {
+		conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.conns[id] = conn
+		c.t.Cleanup(func() { conn.Close() })
+	}
+}
+
+func rulePB(name string, limit int64) *pb.Rule {
+	return &pb.Rule{Name: name, Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: limit, Period: durationpb.New(time.Second)}
+}
 
 func (c *procCluster) admin(id string) pb.AdminServiceClient {
 	return pb.NewAdminServiceClient(c.conns[id])

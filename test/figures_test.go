@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -23,10 +21,6 @@ func pct(d []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	i := int(p * float64(len(s)-1))
 	return s[i]
-}
-
-func rulePB(name string, limit int64) *pb.Rule {
-	return &pb.Rule{Name: name, Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: limit, Period: durationpb.New(time.Second)}
 }
 
 // TestFiguresFailover: kill -9 of the leader to a new leader and to the
