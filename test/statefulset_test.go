@@ -83,6 +83,26 @@ func TestStatefulSetFlags(t *testing.T) {
 			t.Fatalf("rule write through %s: %v", id, err)
 		}
 	}
+	// tokenctl cluster status -o json: the fields scripts read.
+	js := ctlJSON(t, c.grpc[c.ids[1]], "cluster", "status")
+	if js["leader"] != leader || js["epoch"].(float64) == 0 {
+		t.Fatalf("cluster status -o json: leader %v epoch %v, want %s and an epoch", js["leader"], js["epoch"], leader)
+	}
+	members, _ := js["members"].([]any)
+	if len(members) != n {
+		t.Fatalf("cluster status -o json: %d members", len(members))
+	}
+	for _, m := range members {
+		mm := m.(map[string]any)
+		for _, k := range []string{"id", "grpc_addr", "raft_addr", "role", "voter", "live", "applied_index"} {
+			if _, ok := mm[k]; !ok {
+				t.Fatalf("member %v lacks %q", mm, k)
+			}
+		}
+		if mm["live"] != true || mm["applied_index"].(float64) == 0 {
+			t.Fatalf("member %v", mm)
+		}
+	}
 	st, err := c.status(c.ids[0])
 	if err != nil {
 		t.Fatal(err)

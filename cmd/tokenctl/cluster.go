@@ -38,11 +38,7 @@ func newClusterCmd(a *app) *cobra.Command {
 				return err
 			}
 			if a.json() {
-				b, err := protoJSON(resp)
-				if err != nil {
-					return err
-				}
-				return writeJSON(a.stdout, b)
+				return writeJSON(a.stdout, statusJSON(resp))
 			}
 			leader := resp.GetLeader()
 			if leader == "" {
@@ -118,4 +114,34 @@ func (a *app) simpleAdmin(cmd *cobra.Command, what, done string, f func(context.
 	}
 	_, err = fmt.Fprintln(a.stdout, done)
 	return err
+}
+
+// clusterStatusJSON is `cluster status -o json`: snake_case names and plain
+// numbers, every field present (false and 0 included), for scripts.
+type clusterStatusJSON struct {
+	Leader     string             `json:"leader"`
+	Epoch      uint64             `json:"epoch"`
+	AnsweredBy string             `json:"answered_by"`
+	Members    []memberStatusJSON `json:"members"`
+}
+
+type memberStatusJSON struct {
+	ID           string `json:"id"`
+	GRPCAddr     string `json:"grpc_addr"`
+	RaftAddr     string `json:"raft_addr"`
+	Role         string `json:"role"`
+	Voter        bool   `json:"voter"`
+	Live         bool   `json:"live"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+}
+
+func statusJSON(r *pb.ClusterStatusResponse) clusterStatusJSON {
+	out := clusterStatusJSON{Leader: r.GetLeader(), Epoch: r.GetEpoch(), AnsweredBy: r.GetAnsweredBy(), Members: []memberStatusJSON{}}
+	for _, m := range r.GetMembers() {
+		out.Members = append(out.Members, memberStatusJSON{ID: m.GetId(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(), Role: m.GetRole(),
+			Voter: m.GetVoter(), Live: m.GetLive(), Term: m.GetTerm(), CommitIndex: m.GetCommitIndex(), AppliedIndex: m.GetAppliedIndex()})
+	}
+	return out
 }
