@@ -216,7 +216,7 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 			return applyResult{err: err}, false
 		}
 		old := s.Rules[r.Name]
-		if err := checkExpected(r.Name, old, e.Expected); err != nil {
+		if err := rule.CheckExpected(r.Name, old, e.Expected); err != nil {
 			return applyResult{err: err}, false
 		}
 		r.Version, r.Generation = index, index
@@ -234,7 +234,7 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 		if old == nil {
 			return applyResult{err: fmt.Errorf("delete %q: %w", e.Name, rule.ErrNotFound)}, false
 		}
-		if err := checkExpected(e.Name, old, e.Expected); err != nil {
+		if err := rule.CheckExpected(e.Name, old, e.Expected); err != nil {
 			return applyResult{err: err}, false
 		}
 		delete(s.Rules, e.Name)
@@ -311,21 +311,6 @@ func indexOf(s []string, v string) int {
 		}
 	}
 	return -1
-}
-
-// checkExpected is the compare-and-set of put and delete.
-func checkExpected(name string, old *rule.Rule, expected *uint64) error {
-	if expected == nil {
-		return nil
-	}
-	var have uint64
-	if old != nil {
-		have = old.Version
-	}
-	if have != *expected {
-		return fmt.Errorf("rule %q is at version %d, not the expected %d: %w", name, have, *expected, rule.ErrVersionMismatch)
-	}
-	return nil
 }
 
 // Snapshot returns the current state to persist. raft calls Persist on

@@ -56,7 +56,7 @@ func (s *MemStore) Put(_ context.Context, r *Rule, expected *uint64) (*Rule, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.rules[r.Name]
-	if err := checkExpected(r.Name, old, expected); err != nil {
+	if err := CheckExpected(r.Name, old, expected); err != nil {
 		return nil, err
 	}
 	s.version++
@@ -81,7 +81,7 @@ func (s *MemStore) Delete(_ context.Context, name string, expected *uint64) erro
 	if old == nil {
 		return fmt.Errorf("delete %q: %w", name, ErrNotFound)
 	}
-	if err := checkExpected(name, old, expected); err != nil {
+	if err := CheckExpected(name, old, expected); err != nil {
 		return err
 	}
 	s.version++
@@ -91,7 +91,7 @@ func (s *MemStore) Delete(_ context.Context, name string, expected *uint64) erro
 }
 
 // checkExpected is the compare-and-set of Put and Delete.
-func checkExpected(name string, old *Rule, expected *uint64) error {
+func CheckExpected(name string, old *Rule, expected *uint64) error {
 	if expected == nil {
 		return nil
 	}

@@ -108,16 +108,9 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		return nil, err
 	}
 	if owner != nil {
-		c, err := s.n.peers.conn(owner.GRPCAddr)
-		if err != nil {
-			return nil, peerError("owner "+owner.ID, err)
-		}
-		s.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
-		resp, err := pb.NewTokenServiceClient(c).AcquireToken(markForwarded(ctx), req)
-		if err != nil {
-			return nil, peerError("owner "+owner.ID, err)
-		}
-		return resp, nil
+		return toOwner(ctx, s.n, owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
+			return c.AcquireToken(ctx, req)
+		})
 	}
 	resp := new(pb.AcquireTokenResponse)
 	g, err := s.n.decide(s.n.cluster.Table(), v.Epoch, req, resp)
@@ -201,18 +194,15 @@ func (n *Node) forwardBatch(ctx context.Context, v *cluster.View, items []*pb.Ac
 			for j, i := range idx {
 				sub.Requests[j] = items[i]
 			}
-			var resp *pb.AcquireTokensResponse
-			c, err := n.peers.conn(owner.GRPCAddr)
-			if err == nil {
-				n.metrics.forwarded.WithLabelValues(id).Inc()
-				resp, err = pb.NewTokenServiceClient(c).AcquireTokens(markForwarded(ctx), sub)
-			}
+			resp, err := toOwner(ctx, n, &owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokensResponse, error) {
+				return c.AcquireTokens(ctx, sub)
+			})
 			if err == nil && len(resp.GetResults()) != len(idx) {
 				err = status.Errorf(codes.Internal, "owner %s answered %d items for %d", id, len(resp.GetResults()), len(idx))
 			}
 			for j, i := range idx {
 				if err != nil {
-					results[i].Status = status.Convert(peerError("owner "+id, err)).Proto()
+					results[i].Status = status.Convert(err).Proto()
 				} else {
 					results[i].Status = resp.GetResults()[j].GetStatus()
 					results[i].Response = resp.GetResults()[j].GetResponse()
@@ -221,6 +211,22 @@ func (n *Node) forwardBatch(ctx context.Context, v *cluster.View, items []*pb.Ac
 		}()
 	}
 	wg.Wait()
+}
+
+// toOwner makes a data-plane call on the key's owner, marked forwarded and
+// under the caller's deadline; a failure to reach it is Unavailable.
+func toOwner[R any](ctx context.Context, n *Node, owner *cluster.Member, call func(context.Context, pb.TokenServiceClient) (R, error)) (R, error) {
+	var zero R
+	conn, err := n.peers.conn(owner.GRPCAddr)
+	if err != nil {
+		return zero, peerError("owner "+owner.ID, err)
+	}
+	n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
+	resp, err := call(markForwarded(ctx), pb.NewTokenServiceClient(conn))
+	if err != nil {
+		return zero, peerError("owner "+owner.ID, err)
+	}
+	return resp, nil
 }
 
 // owned resolves the rule and key of a refill or renew on this node, or
@@ -247,16 +253,9 @@ func (s *tokenService) RefillToken(ctx context.Context, req *pb.RefillTokenReque
 		return nil, toError(err)
 	}
 	if owner != nil {
-		conn, err := s.n.peers.conn(owner.GRPCAddr)
-		if err != nil {
-			return nil, peerError("owner "+owner.ID, err)
-		}
-		s.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
-		resp, err := pb.NewTokenServiceClient(conn).RefillToken(markForwarded(ctx), req)
-		if err != nil {
-			return nil, peerError("owner "+owner.ID, err)
-		}
-		return resp, nil
+		return toOwner(ctx, s.n, owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.RefillTokenResponse, error) {
+			return c.RefillToken(ctx, req)
+		})
 	}
 	permits := int64(-1)
 	if req.Permits != nil {
@@ -279,16 +278,9 @@ func (s *tokenService) RenewLease(ctx context.Context, req *pb.RenewLeaseRequest
 		return nil, toError(err)
 	}
 	if owner != nil {
-		conn, err := s.n.peers.conn(owner.GRPCAddr)
-		if err != nil {
-			return nil, peerError("owner "+owner.ID, err)
-		}
-		s.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
-		resp, err := pb.NewTokenServiceClient(conn).RenewLease(markForwarded(ctx), req)
-		if err != nil {
-			return nil, peerError("owner "+owner.ID, err)
-		}
-		return resp, nil
+		return toOwner(ctx, s.n, owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.RenewLeaseResponse, error) {
+			return c.RenewLease(ctx, req)
+		})
 	}
 	ok, err := s.n.buckets.Renew(c, req.GetKey(), req.GetGrantId(), s.n.now())
 	if err != nil {
