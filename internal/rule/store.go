@@ -90,7 +90,8 @@ func (s *MemStore) Delete(_ context.Context, name string, expected *uint64) erro
 	return nil
 }
 
-// checkExpected is the compare-and-set of Put and Delete.
+// CheckExpected is the compare-and-set of Put and Delete: nil when expected
+// is nil or is old's version (0 for no rule), else ErrVersionMismatch.
 func CheckExpected(name string, old *Rule, expected *uint64) error {
 	if expected == nil {
 		return nil
