@@ -330,8 +330,14 @@ func (n *Node) clusterView() *pb.ClusterView {
 	v := n.cluster.View()
 	leader, _ := n.cluster.Leader()
 	out := &pb.ClusterView{Leader: leader, Epoch: v.Epoch}
+	voters := map[string]bool{}
+	if st, err := n.cluster.Status(); err == nil {
+		for _, m := range st.Members {
+			voters[m.ID] = m.Voter
+		}
+	}
 	for _, m := range v.Members() {
-		out.Members = append(out.Members, &pb.Member{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: m.Voter})
+		out.Members = append(out.Members, &pb.Member{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: voters[m.ID]})
 	}
 	for _, r := range n.cluster.Table().Rules() {
 		out.Rules = append(out.Rules, rulepb.ClientRule(r))
