@@ -1,0 +1,417 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tokenserver/tokenserver/internal/cluster"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// Client talks to a tokenserver cluster. Create it with New, take a Limiter
+// per rule, and Close it when done. It is safe for simultaneous use by
+// multiple goroutines.
+type Client struct {
+	o     options
+	log   *slog.Logger
+	m     *metrics
+	seeds []string
+	base  time.Time // origin of now()
+
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+
+	state    atomic.Pointer[viewState]
+	inFb     atomic.Bool
+	fb       *localLimiters
+	watchNow chan struct{} // nudges the watcher to reconnect at once
+
+	closing atomic.Bool // Close has begun: calls decide locally
+
+	mu       sync.Mutex // guards the fields below
+	closed   bool
+	nodes    map[string]*node // by gRPC address: members and seeds
+	limiters map[string]*Limiter
+	handles  map[*Handle]struct{}
+	wg       sync.WaitGroup // every goroutine the client starts
+}
+
+// viewState is one immutable cluster view as the client uses it.
+type viewState struct {
+	view  *cluster.View
+	rules map[string]*ruleInfo
+	byID  map[string]*node
+}
+
+// ruleInfo is a rule's client-facing fields.
+type ruleInfo struct {
+	name      string
+	algorithm pb.Algorithm
+	limit     int64
+	period    time.Duration
+	burst     int64
+	fbPolicy  FallbackPolicy
+	fbLimit   int64
+	leaseMax  int64
+	leaseTTL  time.Duration
+	version   uint64
+}
+
+// New returns a client of the cluster reachable through any of seeds
+// (gRPC addresses). It waits, bounded by ctx, for the first cluster view
+// from a seed that answers; when none answers it still returns a working
+// client, which decides by the fallback policies and keeps trying in the
+// background. It fails only for bad arguments.
+func New(ctx context.Context, seeds []string, opts ...Option) (*Client, error) {
+	if len(seeds) == 0 {
+		return nil, fmt.Errorf("tokenserver client: no seed addresses: %w", ErrInvalid)
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &Client{
+		o:        o,
+		log:      o.log,
+		m:        newMetrics(o.reg),
+		seeds:    append([]string(nil), seeds...),
+		base:     time.Now(),
+		nodes:    map[string]*node{},
+		limiters: map[string]*Limiter{},
+		handles:  map[*Handle]struct{}{},
+		watchNow: make(chan struct{}, 1),
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	c.fb = newLocalLimiters(o.maxLocal)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.state.Store(&viewState{view: cluster.NewView(0, nil), rules: map[string]*ruleInfo{}, byID: map[string]*node{}})
+	c.updateMode()
+	for _, s := range c.seeds {
+		if _, err := c.nodeAt(s); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("tokenserver client: seed %q: %w", s, err)
+		}
+	}
+	c.firstView(ctx)
+	c.wg.Add(1)
+	go c.watch()
+	return c, nil
+}
+
+// firstView asks the seeds, one after another, for the cluster view until
+// one answers or ctx ends.
+func (c *Client) firstView(ctx context.Context) {
+	for _, s := range c.seeds {
+		if ctx.Err() != nil {
+			return
+		}
+		n, err := c.nodeAt(s)
+		if err != nil {
+			continue
+		}
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if _, ok := ctx.Deadline(); !ok {
+			cctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		}
+		c.m.rpcView.Inc()
+		v, err := n.tc.GetClusterView(cctx, &pb.GetClusterViewRequest{})
+		cancel()
+		if err != nil {
+			c.log.Warn("tokenserver seed did not answer", "seed", s, "err", err)
+			continue
+		}
+		c.applyView(v)
+		return
+	}
+}
+
+// nodeAt returns the node of a gRPC address, dialing it (lazily) the first
+// time.
+func (c *Client) nodeAt(addr string) (*node, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if n := c.nodes[addr]; n != nil {
+		return n, nil
+	}
+	n, err := newNode(c, addr)
+	if err != nil {
+		return nil, err
+	}
+	c.nodes[addr] = n
+	return n, nil
+}
+
+func (c *Client) dialOptions() []grpc.DialOption {
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Reconnect quickly after a node comes back: gRPC's default backoff
+		// grows to 2 minutes. (ClientConn.ResetConnectBackoff would be the
+		// tool for probes, but in grpc-go v1.85 it iterates the subchannel
+		// map outside its lock, racing with reconnects.)
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}),
+		// Fail fast: a call to a node that cannot be reached must not wait
+		// for it to come back.
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(false)),
+	}
+	return append(opts, c.o.dial...)
+}
+
+// applyView installs a view from the server: nodes for new members, closes
+// nodes that left (seeds stay).
+func (c *Client) applyView(pv *pb.ClusterView) {
+	members := make([]cluster.Member, 0, len(pv.GetMembers()))
+	for _, m := range pv.GetMembers() {
+		members = append(members, cluster.Member{ID: m.GetId(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(), Voter: m.GetVoter()})
+	}
+	rules := make(map[string]*ruleInfo, len(pv.GetRules()))
+	for _, r := range pv.GetRules() {
+		rules[r.GetName()] = &ruleInfo{
+			name: r.GetName(), algorithm: r.GetAlgorithm(), limit: r.GetLimit(), period: r.GetPeriod().AsDuration(),
+			burst: r.GetBurst(), fbPolicy: FallbackPolicy(r.GetFallback().GetPolicy()), fbLimit: r.GetFallback().GetLimit(),
+			leaseMax: r.GetLease().GetMaxBatch(), leaseTTL: r.GetLease().GetTtl().AsDuration(), version: r.GetVersion(),
+		}
+	}
+	old := c.state.Load()
+	view := cluster.NewView(pv.GetEpoch(), members)
+	if view.Len() == 0 && old.view.Len() > 0 {
+		view = old.view // a node without a view yet: keep routing as before
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	byID := make(map[string]*node, view.Len())
+	keep := make(map[string]bool, view.Len()+len(c.seeds))
+	for _, s := range c.seeds {
+		keep[s] = true
+	}
+	for _, m := range view.Members() {
+		n := c.nodes[m.GRPCAddr]
+		if n == nil {
+			var err error
+			if n, err = newNode(c, m.GRPCAddr); err != nil {
+				c.log.Error("tokenserver: cannot dial member", "member", m.ID, "addr", m.GRPCAddr, "err", err)
+				continue
+			}
+			c.nodes[m.GRPCAddr] = n
+		}
+		byID[m.ID] = n
+		keep[m.GRPCAddr] = true
+	}
+	var gone []*node
+	for addr, n := range c.nodes {
+		if !keep[addr] {
+			delete(c.nodes, addr)
+			gone = append(gone, n)
+		}
+	}
+	c.state.Store(&viewState{view: view, rules: rules, byID: byID})
+	c.mu.Unlock()
+	for _, n := range gone {
+		n.close()
+	}
+	c.updateMode()
+}
+
+// watch follows WatchClusterView on a member (or a seed), reconnecting with
+// full-jitter backoff, until Close.
+func (c *Client) watch() {
+	defer c.wg.Done()
+	attempt := 0
+	for i := 0; c.ctx.Err() == nil; i++ {
+		addrs := c.watchAddrs()
+		n, err := c.nodeAt(addrs[i%len(addrs)])
+		if err == nil {
+			c.m.rpcWatch.Inc()
+			var stream grpc.ServerStreamingClient[pb.ClusterView]
+			if stream, err = n.tc.WatchClusterView(c.ctx, &pb.GetClusterViewRequest{}); err == nil {
+				for {
+					v, err := stream.Recv()
+					if err != nil {
+						break
+					}
+					c.applyView(v)
+					attempt = 0
+				}
+			}
+		}
+		if c.ctx.Err() != nil {
+			return
+		}
+		t := time.NewTimer(fullJitter(attempt, 50*time.Millisecond, 2*time.Second))
+		attempt++
+		select {
+		case <-c.ctx.Done():
+			t.Stop()
+			return
+		case <-c.watchNow:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// watchAddrs lists where the watcher may connect: the view's members, then
+// the seeds.
+func (c *Client) watchAddrs() []string {
+	var out []string
+	for _, m := range c.state.Load().view.Members() {
+		out = append(out, m.GRPCAddr)
+	}
+	return append(out, c.seeds...)
+}
+
+// fullJitter is a random duration in [0, min(max, base × 2^attempt)).
+func fullJitter(attempt int, base, maxD time.Duration) time.Duration {
+	d := maxD
+	if attempt < 30 && base<<attempt < maxD {
+		d = base << attempt
+	}
+	return time.Duration(rand.Int64N(int64(d)) + 1)
+}
+
+// now is monotonic nanoseconds since the client started.
+func (c *Client) now() int64 { return int64(time.Since(c.base)) }
+
+// InFallback reports whether the client decides some calls locally now: it
+// has no cluster view yet, or a node of the view is failing (its last call
+// or probe failed).
+func (c *Client) InFallback() bool { return c.inFb.Load() }
+
+// updateMode recomputes InFallback and its gauge.
+func (c *Client) updateMode() {
+	st := c.state.Load()
+	fb := st.view.Len() == 0
+	for _, n := range st.byID {
+		if n.failing.Load() {
+			fb = true
+		}
+	}
+	if c.inFb.Swap(fb) != fb {
+		if fb {
+			c.log.Warn("tokenserver client: entering fallback")
+		} else {
+			c.log.Info("tokenserver client: back on the server")
+		}
+	}
+	if fb {
+		c.m.fallback.Set(1)
+	} else {
+		c.m.fallback.Set(0)
+	}
+}
+
+// owner returns the node that owns key in the current view, or nil.
+func (st *viewState) owner(key string) *node {
+	m, ok := st.view.Owner(key)
+	if !ok {
+		return nil
+	}
+	return st.byID[m.ID]
+}
+
+// enter joins the goroutines Close waits for; false once closed.
+func (c *Client) enter() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
+}
+
+// exit leaves what enter joined.
+func (c *Client) exit() { c.wg.Done() }
+
+// goTracked runs f on a new goroutine that Close waits for; false (f not
+// run) once the client is closing.
+func (c *Client) goTracked(f func()) bool {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// Close gives unused leased tokens back and releases held concurrency
+// handles (best effort, bounded to about a second), then stops every
+// goroutine and closes the connections. Calls after Close decide by the
+// fallback policy and return ErrClosed. Close is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed || c.closing.Swap(true) {
+		c.mu.Unlock()
+		return nil
+	}
+	lims := make([]*Limiter, 0, len(c.limiters))
+	for _, l := range c.limiters {
+		lims = append(lims, l)
+	}
+	hs := make([]*Handle, 0, len(c.handles))
+	for h := range c.handles {
+		hs = append(hs, h)
+	}
+	c.mu.Unlock()
+
+	// Give back while the connections still work, bounded in time.
+	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, 4*c.o.callTimeout))
+	var wg sync.WaitGroup
+	for _, l := range lims {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.endLeases(ctx) }()
+	}
+	for _, h := range hs {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = h.release(ctx) }()
+	}
+	wg.Wait()
+	cancel()
+
+	c.mu.Lock()
+	c.closed = true
+	nodes := make([]*node, 0, len(c.nodes))
+	for _, n := range c.nodes {
+		nodes = append(nodes, n)
+	}
+	c.nodes = map[string]*node{}
+	c.mu.Unlock()
+	c.cancel()
+	for _, n := range nodes {
+		n.stopDispatch()
+	}
+	c.wg.Wait()
+	var errs []error
+	for _, n := range nodes {
+		if err := n.conn.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
