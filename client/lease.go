@@ -127,7 +127,8 @@ type keyState struct {
 	winStart  int64
 	winCalls  int64
 
-	refreshing bool // a lease request is in flight
+	refreshing bool          // a lease request is in flight
+	refreshed  chan struct{} // closed when it returns
 }
 
 // leaseFast serves n permits of key from its lease, or answers a
@@ -229,11 +230,28 @@ func (l *Limiter) leaseSlow(ctx context.Context, st *viewState, ri *ruleInfo, ke
 		ks.winStart, ks.winCalls = now, 0
 	}
 	ks.winCalls++
-	if ks.winCalls <= hotCalls || ks.refreshing || n > maxBatch {
+	if ks.refreshing && n <= maxBatch {
+		// Wait (within the call timeout) for the lease being taken, rather
+		// than sending a call of our own.
+		ch := ks.refreshed
+		ks.mu.Unlock()
+		cctx, cancel := l.c.callContext(ctx)
+		select {
+		case <-ch:
+		case <-cctx.Done():
+		}
+		cancel()
+		if d, ok := l.leaseFast(key, n); ok {
+			return d, nil, true
+		}
+		return Decision{}, nil, false
+	}
+	if ks.winCalls <= hotCalls || n > maxBatch {
 		ks.mu.Unlock()
 		return Decision{}, nil, false
 	}
 	ks.refreshing = true
+	ks.refreshed = make(chan struct{})
 	want := ks.batch(now, ttl, maxBatch, n)
 	oldGrant, oldTokens := l.detach(ks, now)
 	ks.mu.Unlock()
@@ -245,6 +263,7 @@ func (l *Limiter) leaseSlow(ctx context.Context, st *viewState, ri *ruleInfo, ke
 	now = l.c.now()
 	ks.mu.Lock()
 	ks.refreshing = false
+	defer close(ks.refreshed) // after ks.mu is released below: waiters retry the fast path
 	if err != nil {
 		ks.mu.Unlock()
 		d, err := l.onError(ctx, st, ri, key, n, err)

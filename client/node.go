@@ -118,40 +118,81 @@ func (n *node) acquire(ctx context.Context, req *pb.AcquireTokenRequest) (*pb.Ac
 	}
 }
 
-// dispatch gathers calls for up to the coalescing window (or MaxBatch
-// calls) and sends each batch on its own goroutine, until the node stops.
+// maxInFlight is how many batch RPCs one node's dispatcher keeps in flight
+// before further calls wait to travel together.
+const maxInFlight = 2
+
+// dispatch coalesces calls like a group commit, until the node stops: a
+// call that finds fewer than maxInFlight batches in flight leaves at once,
+// with every call already queued; calls that arrive while maxInFlight
+// batches are out wait until one returns, or at most the coalescing
+// window, and then leave together. So an idle client adds no latency (no
+// timer: Go's timers are coarse when the process is idle), and a busy one
+// sends one RPC per round trip per node with everything that piled up.
 func (n *node) dispatch() {
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	var batch []*call
+	var (
+		batch  []*call
+		timer  *time.Timer
+		timerC <-chan time.Time
+		free   = make(chan struct{}, maxInFlight) // a batch came back
+	)
+	inFlight := 0
 	for {
+		forced := false
 		select {
 		case cl := <-n.in:
 			batch = append(batch, cl)
+		case <-free:
+			inFlight--
+		case <-timerC:
+			timerC, forced = nil, true
 		case <-n.stop:
+			if timer != nil {
+				timer.Stop()
+			}
 			n.drain(batch)
 			return
 		}
-		t.Reset(n.c.o.coalesceWindow)
-	gather:
+	gather: // whatever is queued already goes too
 		for len(batch) < MaxBatch {
 			select {
 			case cl := <-n.in:
 				batch = append(batch, cl)
-			case <-t.C:
+			default:
 				break gather
-			case <-n.stop:
-				t.Stop()
-				n.drain(batch)
-				return
 			}
 		}
-		t.Stop()
-		b := batch
-		if !n.c.goTracked(func() { n.send(b) }) {
-			n.drain(b)
+		if len(batch) == 0 {
+			continue
 		}
+		if inFlight >= maxInFlight && !forced && len(batch) < MaxBatch {
+			if timerC == nil {
+				if timer == nil {
+					timer = time.NewTimer(n.c.o.coalesceWindow)
+				} else {
+					timer.Reset(n.c.o.coalesceWindow)
+				}
+				timerC = timer.C
+			}
+			continue
+		}
+		if timerC != nil {
+			timer.Stop()
+			timerC = nil
+		}
+		b := batch
 		batch = make([]*call, 0, len(b))
+		inFlight++
+		if !n.c.goTracked(func() {
+			n.send(b)
+			select {
+			case free <- struct{}{}:
+			case <-n.stop:
+			}
+		}) {
+			n.drain(b)
+			return
+		}
 	}
 }
 

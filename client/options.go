@@ -65,8 +65,11 @@ func WithCallTimeout(d time.Duration) Option {
 	}
 }
 
-// WithCoalesceWindow sets how long calls bound for one node are gathered
-// into one AcquireTokens RPC (default 200µs); 0 sends every call alone.
+// WithCoalesceWindow enables coalescing (default on, 200µs) and sets the
+// longest a call waits for a batch already in flight before it is sent
+// anyway; 0 sends every call alone. Coalescing adds no wait to a call that
+// finds the node's dispatcher idle: calls travel together when they pile
+// up behind RPCs in flight.
 func WithCoalesceWindow(d time.Duration) Option {
 	return func(o *options) {
 		if d >= 0 {

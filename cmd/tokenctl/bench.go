@@ -30,6 +30,7 @@ const (
 	modeUnary = "unary" // one AcquireToken per call
 	modeBatch = "batch" // --batch items per AcquireTokens call
 	modeBare  = "bare"  // grpc.health.v1.Health/Check: gRPC's own cost
+	modeLease = "lease" // the client SDK with leases: Allow served locally
 )
 
 // maxBenchBatch is the server's limit of items per AcquireTokens call.
@@ -45,19 +46,25 @@ type benchOpts struct {
 	conns       int
 	permits     int64
 	keyPrefix   string
+	leaseMax    int64
+	leaseTTL    time.Duration
 }
 
 // benchResult is bench's summary; its JSON is one line.
 type benchResult struct {
-	Mode            string  `json:"mode"`
-	Server          string  `json:"server"`
-	Rule            string  `json:"rule,omitempty"`
-	Concurrency     int     `json:"concurrency"`
-	Conns           int     `json:"conns"`
-	Keys            int     `json:"keys,omitempty"`
-	Batch           int     `json:"batch,omitempty"`
-	DurationSec     float64 `json:"duration_sec"`
-	Calls           int64   `json:"calls"`
+	Mode        string  `json:"mode"`
+	Server      string  `json:"server"`
+	Rule        string  `json:"rule,omitempty"`
+	Concurrency int     `json:"concurrency"`
+	Conns       int     `json:"conns"`
+	Keys        int     `json:"keys,omitempty"`
+	Batch       int     `json:"batch,omitempty"`
+	DurationSec float64 `json:"duration_sec"`
+	Calls       int64   `json:"calls"`
+	// Lease mode: where the SDK's decisions came from.
+	FromLease       int64   `json:"from_lease,omitempty"`
+	FromServer      int64   `json:"from_server,omitempty"`
+	FromFallback    int64   `json:"from_fallback,omitempty"`
 	Decisions       int64   `json:"decisions"`
 	RPCsPerSec      float64 `json:"rpcs_per_sec"`
 	DecisionsPerSec float64 `json:"decisions_per_sec"`
@@ -77,7 +84,7 @@ type benchResult struct {
 func newBenchCmd(a *app) *cobra.Command {
 	var o benchOpts
 	cmd := &cobra.Command{
-		Use:   "bench --rule NAME [--mode unary|batch] | bench --mode bare",
+		Use:   "bench --rule NAME [--mode unary|batch|lease] | bench --mode bare",
 		Short: "Load a server with acquires and report throughput and latency",
 		Long: `Load a server for --duration from --concurrency goroutines over --conns gRPC
 connections, each making one call after another, and report calls, RPC/s,
@@ -86,6 +93,9 @@ decisions/s, allowed and denied counts, errors and latency percentiles.
 Modes:
   unary  one AcquireToken per call, on a random one of --keys keys
   batch  --batch items (random keys) per AcquireTokens call
+  lease  the Go client SDK with leases: one Limiter.AllowN per call, served
+         from a local lease for hot keys (the rule must allow leases);
+         rpc/s counts the SDK's acquire and refill RPCs
   bare   grpc.health.v1.Health/Check, called the same way: what gRPC itself
          costs on this machine. Point it at 'tokenctl bench-server', a
          minimal gRPC server, to compare AcquireToken with a bare call.
@@ -124,7 +134,9 @@ Calls are not retried: failures count as errors.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&o.mode, "mode", modeUnary, "unary, batch or bare")
+	fl.StringVar(&o.mode, "mode", modeUnary, "unary, batch, lease or bare")
+	fl.Int64Var(&o.leaseMax, "lease-max", 0, "lease mode: most tokens per lease (0: the rule's lease.max_batch)")
+	fl.DurationVar(&o.leaseTTL, "lease-ttl", 0, "lease mode: lease lifetime (0: the rule's lease.ttl)")
 	fl.StringVar(&o.rule, "rule", "", "the rule to acquire under (required for unary and batch)")
 	fl.IntVar(&o.concurrency, "concurrency", 64, "goroutines calling concurrently")
 	fl.IntVar(&o.keys, "keys", 1000, "distinct keys, chosen at random per item")
@@ -138,13 +150,13 @@ Calls are not retried: failures count as errors.`,
 
 func (o *benchOpts) validate() error {
 	switch o.mode {
-	case modeUnary, modeBatch:
+	case modeUnary, modeBatch, modeLease:
 		if o.rule == "" {
 			return usagef("--rule is required in %s mode", o.mode)
 		}
 	case modeBare:
 	default:
-		return usagef("--mode must be unary, batch or bare, got %q", o.mode)
+		return usagef("--mode must be unary, batch, lease or bare, got %q", o.mode)
 	}
 	switch {
 	case o.concurrency < 1:
@@ -219,6 +231,15 @@ func (a *app) bench(cmd *cobra.Command, o benchOpts) (*benchResult, error) {
 		a.logf("bench: bare mode (grpc.health.v1.Health/Check), %d callers over %d connection(s), for %v", o.concurrency, o.conns, o.duration)
 	}
 
+	var sdk *leaseBench
+	if o.mode == modeLease {
+		var err error
+		if sdk, err = a.newLeaseBench(setup, o, rule); err != nil {
+			return nil, err
+		}
+		defer sdk.close()
+	}
+
 	// The load stops when stop is set after --duration; the context is a
 	// backstop for a call that hangs, and ends early on an interrupt.
 	load, cancelLoad := context.WithTimeout(cmd.Context(), o.duration+a.timeout)
@@ -233,6 +254,10 @@ func (a *app) bench(cmd *cobra.Command, o benchOpts) (*benchResult, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if sdk != nil {
+				sdk.run(w, load, o, keys, uint64(i), &stop)
+				return
+			}
 			w.run(load, conns[i%len(conns)], o, keys, uint64(i), &stop)
 		}()
 	}
@@ -249,7 +274,11 @@ func (a *app) bench(cmd *cobra.Command, o benchOpts) (*benchResult, error) {
 	elapsed := time.Since(start)
 	close(allDone)
 	<-progressDone
-	return summarize(a, o, workers, elapsed), nil
+	res := summarize(a, o, workers, elapsed)
+	if sdk != nil {
+		sdk.report(res, elapsed)
+	}
+	return res, nil
 }
 
 // run makes calls until stop is set or ctx ends.
@@ -445,6 +474,9 @@ func (r *benchResult) writeTable(w io.Writer) error {
 	if r.Mode != modeBare {
 		row("allowed", "%d", r.Allowed)
 		row("denied", "%d", r.Denied)
+	}
+	if r.Mode == modeLease {
+		row("decided by", "lease %d, server %d, fallback %d", r.FromLease, r.FromServer, r.FromFallback)
 	}
 	row("latency", "p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  mean %s",
 		fmtMs(r.P50Ms), fmtMs(r.P90Ms), fmtMs(r.P99Ms), fmtMs(r.P999Ms), fmtMs(r.MaxMs), fmtMs(r.MeanMs))

@@ -41,6 +41,27 @@ type streamLayer struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+
+	mu       sync.Mutex
+	accepted map[*trackedConn]struct{} // open Raft connections, closed with the layer
+}
+
+// trackedConn is an accepted Raft connection that leaves the layer's set
+// when closed, so that Close can end the ones still open (raft's handlers
+// of incoming connections otherwise outlive the transport).
+type trackedConn struct {
+	net.Conn
+	s    *streamLayer
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.s.mu.Lock()
+		delete(c.s.accepted, c)
+		c.s.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
@@ -109,10 +130,17 @@ func (s *streamLayer) route(c net.Conn) {
 	_ = c.SetReadDeadline(time.Time{})
 	switch kind[0] {
 	case connRaft:
+		tc := &trackedConn{Conn: c, s: s}
+		s.mu.Lock()
+		if s.accepted == nil {
+			s.accepted = map[*trackedConn]struct{}{}
+		}
+		s.accepted[tc] = struct{}{}
+		s.mu.Unlock()
 		select {
-		case s.conns <- c:
+		case s.conns <- tc:
 		case <-s.done:
-			c.Close()
+			tc.Close()
 		}
 	case connProbe:
 		_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
@@ -138,6 +166,15 @@ func (s *streamLayer) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
 		s.ln.Close()
+		s.mu.Lock()
+		open := make([]*trackedConn, 0, len(s.accepted))
+		for c := range s.accepted {
+			open = append(open, c)
+		}
+		s.mu.Unlock()
+		for _, c := range open {
+			c.Close()
+		}
 	})
 	return nil
 }
