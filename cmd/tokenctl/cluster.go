@@ -22,17 +22,8 @@ func newClusterCmd(a *app) *cobra.Command {
 		Short: "Show the members as the answering node sees them",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			var resp *pb.ClusterStatusResponse
-			err = a.call(ctx, "cluster status", func(ctx context.Context) (err error) {
-				resp, err = admin.ClusterStatus(ctx, &pb.ClusterStatusRequest{})
-				return err
+			resp, err := adminRPC(a, cmd, "cluster status", func(ctx context.Context, c pb.AdminServiceClient) (*pb.ClusterStatusResponse, error) {
+				return c.ClusterStatus(ctx, &pb.ClusterStatusRequest{})
 			})
 			if err != nil {
 				return err
@@ -99,21 +90,34 @@ func newClusterCmd(a *app) *cobra.Command {
 
 // simpleAdmin runs one admin call that answers nothing but success.
 func (a *app) simpleAdmin(cmd *cobra.Command, what, done string, f func(context.Context, pb.AdminServiceClient) error) error {
-	_, admin, closeConn, err := a.clients()
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	ctx, cancel := a.context(cmd, 0)
-	defer cancel()
-	if err := a.call(ctx, what, func(ctx context.Context) error { return f(ctx, admin) }); err != nil {
+	if _, err := adminRPC(a, cmd, what, func(ctx context.Context, c pb.AdminServiceClient) (struct{}, error) {
+		return struct{}{}, f(ctx, c)
+	}); err != nil {
 		return err
 	}
 	if a.json() {
 		return writeJSON(a.stdout, map[string]any{"ok": true, "message": done})
 	}
-	_, err = fmt.Fprintln(a.stdout, done)
+	_, err := fmt.Fprintln(a.stdout, done)
 	return err
+}
+
+// adminRPC dials --server and makes one AdminService call within
+// --timeout, retrying Unavailable with backoff.
+func adminRPC[T any](a *app, cmd *cobra.Command, what string, f func(context.Context, pb.AdminServiceClient) (T, error)) (T, error) {
+	var out T
+	_, admin, closeConn, err := a.clients()
+	if err != nil {
+		return out, err
+	}
+	defer closeConn()
+	ctx, cancel := a.context(cmd, 0)
+	defer cancel()
+	err = a.call(ctx, what, func(ctx context.Context) (err error) {
+		out, err = f(ctx, admin)
+		return err
+	})
+	return out, err
 }
 
 // clusterStatusJSON is `cluster status -o json`: snake_case names and plain

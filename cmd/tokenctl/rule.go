@@ -68,17 +68,8 @@ leases held at once and --period their lifetime. --burst defaults to the limit.`
 			if cmd.Flags().Changed("expected-version") {
 				req.ExpectedVersion = &f.expectedVersion
 			}
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			var resp *pb.PutRuleResponse
-			err = a.call(ctx, fmt.Sprintf("put rule %q", r.GetName()), func(ctx context.Context) (err error) {
-				resp, err = admin.PutRule(ctx, req)
-				return err
+			resp, err := adminRPC(a, cmd, fmt.Sprintf("put rule %q", r.GetName()), func(ctx context.Context, c pb.AdminServiceClient) (*pb.PutRuleResponse, error) {
+				return c.PutRule(ctx, req)
 			})
 			if err != nil {
 				return err
@@ -200,17 +191,8 @@ func newRuleGetCmd(a *app) *cobra.Command {
 		Short: "Print one rule",
 		Args:  argNames("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			var r *pb.Rule
-			err = a.call(ctx, fmt.Sprintf("get rule %q", args[0]), func(ctx context.Context) (err error) {
-				r, err = admin.GetRule(ctx, &pb.GetRuleRequest{Name: args[0], Local: local})
-				return err
+			r, err := adminRPC(a, cmd, fmt.Sprintf("get rule %q", args[0]), func(ctx context.Context, c pb.AdminServiceClient) (*pb.Rule, error) {
+				return c.GetRule(ctx, &pb.GetRuleRequest{Name: args[0], Local: local})
 			})
 			if err != nil {
 				return err
@@ -230,17 +212,8 @@ func newRuleListCmd(a *app) *cobra.Command {
 		Long:  "List every rule, sorted by name. With -o json: an object whose \"rules\" is the list.",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			var resp *pb.ListRulesResponse
-			err = a.call(ctx, "list rules", func(ctx context.Context) (err error) {
-				resp, err = admin.ListRules(ctx, &pb.ListRulesRequest{Local: local})
-				return err
+			resp, err := adminRPC(a, cmd, "list rules", func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
+				return c.ListRules(ctx, &pb.ListRulesRequest{Local: local})
 			})
 			if err != nil {
 				return err
@@ -270,16 +243,8 @@ func newRuleDeleteCmd(a *app) *cobra.Command {
 			if cmd.Flags().Changed("expected-version") {
 				req.ExpectedVersion = &expected
 			}
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			err = a.call(ctx, fmt.Sprintf("delete rule %q", args[0]), func(ctx context.Context) error {
-				_, err := admin.DeleteRule(ctx, req)
-				return err
+			_, err := adminRPC(a, cmd, fmt.Sprintf("delete rule %q", args[0]), func(ctx context.Context, c pb.AdminServiceClient) (*pb.DeleteRuleResponse, error) {
+				return c.DeleteRule(ctx, req)
 			})
 			if err != nil {
 				return err

@@ -29,29 +29,21 @@ The file is written to a temporary name first and renamed when complete.`,
 		Example: `  tokenctl snapshot save backup.snap`,
 		Args:    argNames("FILE"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			var data []byte
-			err = a.call(ctx, "snapshot save", func(ctx context.Context) error {
-				data = data[:0]
-				stream, err := admin.SnapshotSave(ctx, &pb.SnapshotSaveRequest{})
+			data, err := adminRPC(a, cmd, "snapshot save", func(ctx context.Context, c pb.AdminServiceClient) ([]byte, error) {
+				stream, err := c.SnapshotSave(ctx, &pb.SnapshotSaveRequest{})
 				if err != nil {
-					return err
+					return nil, err
 				}
+				var data []byte
 				for {
-					c, err := stream.Recv()
+					chunk, err := stream.Recv()
 					if errors.Is(err, io.EOF) {
-						return nil
+						return data, nil
 					}
 					if err != nil {
-						return err
+						return nil, err
 					}
-					data = append(data, c.GetData()...)
+					data = append(data, chunk.GetData()...)
 				}
 			})
 			if err != nil {
@@ -88,18 +80,10 @@ start fresh buckets. FILE - reads stdin.`,
 			if len(data) == 0 {
 				return fmt.Errorf("%s is empty", sourceName(args[0]))
 			}
-			_, admin, done, err := a.clients()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := a.context(cmd, 0)
-			defer cancel()
-			var resp *pb.SnapshotRestoreResponse
-			err = a.call(ctx, "snapshot restore", func(ctx context.Context) error {
-				stream, err := admin.SnapshotRestore(ctx)
+			resp, err := adminRPC(a, cmd, "snapshot restore", func(ctx context.Context, c pb.AdminServiceClient) (*pb.SnapshotRestoreResponse, error) {
+				stream, err := c.SnapshotRestore(ctx)
 				if err != nil {
-					return err
+					return nil, err
 				}
 				for b := data; len(b) > 0; {
 					k := min(len(b), 256<<10)
@@ -108,8 +92,7 @@ start fresh buckets. FILE - reads stdin.`,
 					}
 					b = b[k:]
 				}
-				resp, err = stream.CloseAndRecv()
-				return err
+				return stream.CloseAndRecv()
 			})
 			if err != nil {
 				return err
