@@ -485,3 +485,13 @@ func TestClusterFailover(t *testing.T) {
 		t.Fatalf("only %d acknowledged writes: the load did not run", writesOK.Load())
 	}
 }
+
+// ownerOf is the owner of key in a wire view.
+func ownerOf(v *pb.ClusterView, key string) string {
+	var ms []cluster.Member
+	for _, m := range v.GetMembers() {
+		ms = append(ms, cluster.Member{ID: m.GetId()})
+	}
+	o, _ := cluster.NewView(v.GetEpoch(), ms).Owner(key)
+	return o.ID
+}

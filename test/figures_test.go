@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenserver/tokenserver/internal/cluster"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -115,14 +114,4 @@ func TestFiguresLatency(t *testing.T) {
 		writes = append(writes, time.Since(s))
 	}
 	t.Logf("FIGURE rule write on the leader of 3 nodes: p50 %v p99 %v (1000 sequential PutRule)", pct(writes, .5), pct(writes, .99))
-}
-
-// ownerOf is the owner of key in a wire view.
-func ownerOf(v *pb.ClusterView, key string) string {
-	var ms []cluster.Member
-	for _, m := range v.GetMembers() {
-		ms = append(ms, cluster.Member{ID: m.GetId()})
-	}
-	o, _ := cluster.NewView(v.GetEpoch(), ms).Owner(key)
-	return o.ID
 }
