@@ -122,7 +122,9 @@ type Node struct {
 	wg       sync.WaitGroup
 }
 
-// New builds a node over c. Call Serve to run it.
+// New builds a node over c. Call Serve to run it; Stop releases it (the
+// gRPC server's stream workers start here, so a node that is built but
+// only used through RegisterServices must be stopped too).
 func New(cfg Config, c Cluster) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("server config: %w", err)
