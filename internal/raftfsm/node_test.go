@@ -1,11 +1,13 @@
 package raftfsm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -283,4 +285,46 @@ func TestNonVotersPastMaxVoters(t *testing.T) {
 	if err := a.RemoveMember(ctxT(t), "nope"); !errors.Is(err, rule.ErrNotFound) {
 		t.Fatalf("remove unknown: %v", err)
 	}
+}
+
+// TestCloseTransfersLeadership: a leader that closes hands leadership to
+// another voter first (what SIGTERM does), so the others do not wait for
+// an election timeout.
+func TestCloseTransfersLeadership(t *testing.T) {
+	c := newTestCluster(t)
+	var logs syncBuffer
+	a := c.start("a", func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	waitFor(t, "a leads", 20*time.Second, a.IsLeader)
+	for _, id := range []string{"b", "c"} {
+		n := c.start(id, func(cfg *Config) { cfg.Join = true })
+		if err := n.JoinCluster(ctxT(t), []string{"grpc-a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "3 voters", 20*time.Second, func() bool { return a.voters() == 3 })
+	c.stop("a")
+	if !strings.Contains(logs.String(), "leadership transferred") {
+		t.Fatalf("closing the leader did not transfer leadership; its log:\n%s", logs.String())
+	}
+	waitFor(t, "a new leader", 20*time.Second, func() bool { return c.leader() != nil })
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
