@@ -71,7 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.raft.DownAfter, "down-after", o.raft.DownAfter, "drop a member from the routing view after this long without Raft contact or gRPC health")
 	fs.DurationVar(&o.raft.UpAfter, "up-after", o.raft.UpAfter, "take a dropped member back into the routing view after this long healthy")
 	fs.Int64Var(&o.cfg.MaxBuckets, "max-buckets", o.cfg.MaxBuckets, "most buckets (rule, key pairs) held at once; past it a new key gets RESOURCE_EXHAUSTED (0: no cap)")
-	fs.IntVar(&o.cfg.Shards, "shards", 0, "lock stripes for buckets, a power of two (0: 64)")
+	fs.IntVar(&o.cfg.Shards, "shards", 0, "bucket index shards, each locked only to add or evict buckets (0: 64)")
 	fs.IntVar(&o.cfg.MaxRecvMsgSize, "max-msg-size", o.cfg.MaxRecvMsgSize, "largest gRPC request accepted, in bytes")
 	fs.DurationVar(&o.cfg.DefaultDeadline, "default-deadline", o.cfg.DefaultDeadline, "deadline given to calls that carry none")
 	fs.DurationVar(&o.cfg.SweepInterval, "sweep-interval", o.cfg.SweepInterval, "how often idle buckets are evicted")

@@ -39,7 +39,7 @@ type Config struct {
 	AdvertiseGRPC string
 	// MaxBuckets caps live buckets on the node (0: no cap).
 	MaxBuckets int64
-	// Shards is the number of bucket lock stripes (0: shard.DefaultShards).
+	// Shards is the number of bucket index shards (0: shard.DefaultShards).
 	Shards int
 	// MaxRecvMsgSize is the largest request the server reads, in bytes.
 	MaxRecvMsgSize int

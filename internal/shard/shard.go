@@ -61,7 +61,8 @@ type Decision struct {
 
 // Config configures a Map.
 type Config struct {
-	// Shards is the number of lock stripes, rounded up to a power of two.
+	// Shards is the number of index shards (each with its own lock for
+	// inserts and evictions), rounded up to a power of two.
 	// 0 means DefaultShards.
 	Shards int
 	// MaxBuckets caps live buckets on the node; a new key past it gets
