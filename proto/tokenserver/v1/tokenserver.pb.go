@@ -267,7 +267,9 @@ type Rule struct {
 	Version uint64 `protobuf:"varint,16,opt,name=version,proto3" json:"version,omitempty"`
 	// Output only: the version at which the rule was created; buckets belong
 	// to one generation. Ignored on input.
-	Generation    uint64 `protobuf:"varint,17,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,17,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Output only: the principal whose write last changed the rule.
+	UpdatedBy     string `protobuf:"bytes,18,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -419,6 +421,13 @@ func (x *Rule) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *Rule) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
 }
 
 // Override gives one key its own limit.
@@ -1255,7 +1264,14 @@ type ClusterView struct {
 	// Changes whenever the ownership map changes.
 	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// The client-facing fields of every rule.
-	Rules         []*ClientRule `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	Rules []*ClientRule `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
+	// The answering node is ready: it has applied the Raft log up to the
+	// commit index it learned after start and is in the routing view. A
+	// view from a node that is not ready may lack rules and members that
+	// exist: a client must not remove or loosen anything because of it.
+	Ready bool `protobuf:"varint,5,opt,name=ready,proto3" json:"ready,omitempty"`
+	// Node id of the node that answered.
+	AnsweredBy    string `protobuf:"bytes,6,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1316,6 +1332,20 @@ func (x *ClusterView) GetRules() []*ClientRule {
 		return x.Rules
 	}
 	return nil
+}
+
+func (x *ClusterView) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *ClusterView) GetAnsweredBy() string {
+	if x != nil {
+		return x.AnsweredBy
+	}
+	return ""
 }
 
 type Member struct {
@@ -1641,7 +1671,11 @@ func (x *GetRuleRequest) GetLocal() bool {
 type ListRulesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Read the answering node's own copy instead of the leader's.
-	Local         bool `protobuf:"varint,1,opt,name=local,proto3" json:"local,omitempty"`
+	Local bool `protobuf:"varint,1,opt,name=local,proto3" json:"local,omitempty"`
+	// Most rules in one answer (0: 500; at most 1000).
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Where to go on: a previous answer's next_page_token.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1683,9 +1717,25 @@ func (x *ListRulesRequest) GetLocal() bool {
 	return false
 }
 
+func (x *ListRulesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRulesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListRulesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rules         []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rules []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	// Set when more rules follow: pass it as page_token.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1725,6 +1775,13 @@ func (x *ListRulesResponse) GetRules() []*Rule {
 		return x.Rules
 	}
 	return nil
+}
+
+func (x *ListRulesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type DeleteRuleRequest struct {
@@ -1934,10 +1991,21 @@ type MemberStatus struct {
 	Role  string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
 	Voter bool   `protobuf:"varint,5,opt,name=voter,proto3" json:"voter,omitempty"`
 	// In the routing view: owns keys.
-	Live          bool   `protobuf:"varint,6,opt,name=live,proto3" json:"live,omitempty"`
-	AppliedIndex  uint64 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	CommitIndex   uint64 `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	Term          uint64 `protobuf:"varint,9,opt,name=term,proto3" json:"term,omitempty"`
+	Live         bool   `protobuf:"varint,6,opt,name=live,proto3" json:"live,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	CommitIndex  uint64 `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	Term         uint64 `protobuf:"varint,9,opt,name=term,proto3" json:"term,omitempty"`
+	// voter, nonvoter or staging (a non-voter waiting to be promoted).
+	Suffrage string `protobuf:"bytes,10,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	// The leader's last health check of the member passed.
+	Healthy bool `protobuf:"varint,11,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// How long the member has been healthy (or unhealthy), by the leader.
+	HealthFor *durationpb.Duration `protobuf:"bytes,12,opt,name=health_for,json=healthFor,proto3" json:"health_for,omitempty"`
+	// Autopilot's state in words: "stable", "staging: healthy 4s of 10s",
+	// "nonvoter: max voters reached", "unhealthy".
+	Stabilization string `protobuf:"bytes,13,opt,name=stabilization,proto3" json:"stabilization,omitempty"`
+	// The member's readiness, from its own NodeStatus.
+	Ready         bool `protobuf:"varint,14,opt,name=ready,proto3" json:"ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2035,6 +2103,41 @@ func (x *MemberStatus) GetTerm() uint64 {
 	return 0
 }
 
+func (x *MemberStatus) GetSuffrage() string {
+	if x != nil {
+		return x.Suffrage
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *MemberStatus) GetHealthFor() *durationpb.Duration {
+	if x != nil {
+		return x.HealthFor
+	}
+	return nil
+}
+
+func (x *MemberStatus) GetStabilization() string {
+	if x != nil {
+		return x.Stabilization
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
 type NodeStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2082,8 +2185,17 @@ type NodeStatusResponse struct {
 	Epoch        uint64                 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Ready        bool                   `protobuf:"varint,8,opt,name=ready,proto3" json:"ready,omitempty"`
 	// Digest of the rule table, to compare replicas.
-	RulesDigest   string `protobuf:"bytes,9,opt,name=rules_digest,json=rulesDigest,proto3" json:"rules_digest,omitempty"`
-	Rules         uint64 `protobuf:"varint,10,opt,name=rules,proto3" json:"rules,omitempty"`
+	RulesDigest string `protobuf:"bytes,9,opt,name=rules_digest,json=rulesDigest,proto3" json:"rules_digest,omitempty"`
+	Rules       uint64 `protobuf:"varint,10,opt,name=rules,proto3" json:"rules,omitempty"`
+	// Index of the last entry in the node's log.
+	LastIndex uint64 `protobuf:"varint,11,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	// The node is leaving: it has left the routing view and drains calls.
+	Draining bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	// The node serves without TLS or authentication off loopback
+	// (--insecure).
+	Insecure bool `protobuf:"varint,13,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// The build: module version and VCS revision.
+	Version       string `protobuf:"bytes,14,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2186,6 +2298,34 @@ func (x *NodeStatusResponse) GetRules() uint64 {
 		return x.Rules
 	}
 	return 0
+}
+
+func (x *NodeStatusResponse) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
+	}
+	return 0
+}
+
+func (x *NodeStatusResponse) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *NodeStatusResponse) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *NodeStatusResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
 }
 
 type JoinClusterRequest struct {
@@ -2503,7 +2643,7 @@ var File_tokenserver_v1_tokenserver_proto protoreflect.FileDescriptor
 
 const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
-	" tokenserver/v1/tokenserver.proto\x12\x0etokenserver.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\"\xf7\x04\n" +
+	" tokenserver/v1/tokenserver.proto\x12\x0etokenserver.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\"\x96\x05\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\talgorithm\x18\x02 \x01(\x0e2\x19.tokenserver.v1.AlgorithmR\talgorithm\x12\x14\n" +
@@ -2524,7 +2664,9 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\aversion\x18\x10 \x01(\x04R\aversion\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x11 \x01(\x04R\n" +
-	"generation\"H\n" +
+	"generation\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\x12 \x01(\tR\tupdatedBy\"H\n" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
@@ -2582,12 +2724,15 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x12RenewLeaseResponse\x12\x18\n" +
 	"\arenewed\x18\x01 \x01(\bR\arenewed\x12(\n" +
 	"\x10expires_after_ns\x18\x02 \x01(\x03R\x0eexpiresAfterNs\"\x17\n" +
-	"\x15GetClusterViewRequest\"\x9f\x01\n" +
+	"\x15GetClusterViewRequest\"\xd6\x01\n" +
 	"\vClusterView\x120\n" +
 	"\amembers\x18\x01 \x03(\v2\x16.tokenserver.v1.MemberR\amembers\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x120\n" +
-	"\x05rules\x18\x04 \x03(\v2\x1a.tokenserver.v1.ClientRuleR\x05rules\"h\n" +
+	"\x05rules\x18\x04 \x03(\v2\x1a.tokenserver.v1.ClientRuleR\x05rules\x12\x14\n" +
+	"\x05ready\x18\x05 \x01(\bR\x05ready\x12\x1f\n" +
+	"\vanswered_by\x18\x06 \x01(\tR\n" +
+	"answeredBy\"h\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
@@ -2611,11 +2756,15 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x04rule\x18\x01 \x01(\v2\x14.tokenserver.v1.RuleR\x04rule\":\n" +
 	"\x0eGetRuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05local\x18\x02 \x01(\bR\x05local\"(\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"d\n" +
 	"\x10ListRulesRequest\x12\x14\n" +
-	"\x05local\x18\x01 \x01(\bR\x05local\"?\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"g\n" +
 	"\x11ListRulesResponse\x12*\n" +
-	"\x05rules\x18\x01 \x03(\v2\x14.tokenserver.v1.RuleR\x05rules\"l\n" +
+	"\x05rules\x18\x01 \x03(\v2\x14.tokenserver.v1.RuleR\x05rules\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"l\n" +
 	"\x11DeleteRuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
@@ -2627,7 +2776,7 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
 	"\amembers\x18\x03 \x03(\v2\x1c.tokenserver.v1.MemberStatusR\amembers\x12\x1f\n" +
 	"\vanswered_by\x18\x04 \x01(\tR\n" +
-	"answeredBy\"\xf2\x01\n" +
+	"answeredBy\"\x9e\x03\n" +
 	"\fMemberStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
@@ -2637,8 +2786,15 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x04live\x18\x06 \x01(\bR\x04live\x12#\n" +
 	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex\x12!\n" +
 	"\fcommit_index\x18\b \x01(\x04R\vcommitIndex\x12\x12\n" +
-	"\x04term\x18\t \x01(\x04R\x04term\"\x13\n" +
-	"\x11NodeStatusRequest\"\x91\x02\n" +
+	"\x04term\x18\t \x01(\x04R\x04term\x12\x1a\n" +
+	"\bsuffrage\x18\n" +
+	" \x01(\tR\bsuffrage\x12\x18\n" +
+	"\ahealthy\x18\v \x01(\bR\ahealthy\x128\n" +
+	"\n" +
+	"health_for\x18\f \x01(\v2\x19.google.protobuf.DurationR\thealthFor\x12$\n" +
+	"\rstabilization\x18\r \x01(\tR\rstabilization\x12\x14\n" +
+	"\x05ready\x18\x0e \x01(\bR\x05ready\"\x13\n" +
+	"\x11NodeStatusRequest\"\x82\x03\n" +
 	"\x12NodeStatusResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x12\n" +
@@ -2650,7 +2806,12 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x05ready\x18\b \x01(\bR\x05ready\x12!\n" +
 	"\frules_digest\x18\t \x01(\tR\vrulesDigest\x12\x14\n" +
 	"\x05rules\x18\n" +
-	" \x01(\x04R\x05rules\"^\n" +
+	" \x01(\x04R\x05rules\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\v \x01(\x04R\tlastIndex\x12\x1a\n" +
+	"\bdraining\x18\f \x01(\bR\bdraining\x12\x1a\n" +
+	"\binsecure\x18\r \x01(\bR\binsecure\x12\x18\n" +
+	"\aversion\x18\x0e \x01(\tR\aversion\"^\n" +
 	"\x12JoinClusterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
@@ -2789,43 +2950,44 @@ var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	3,  // 21: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
 	3,  // 22: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
 	29, // 23: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
-	7,  // 24: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
-	9,  // 25: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
-	12, // 26: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
-	14, // 27: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
-	16, // 28: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	16, // 29: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	20, // 30: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
-	22, // 31: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
-	23, // 32: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
-	25, // 33: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
-	27, // 34: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
-	30, // 35: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
-	32, // 36: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
-	34, // 37: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
-	36, // 38: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
-	37, // 39: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
-	8,  // 40: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	10, // 41: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	13, // 42: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	15, // 43: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	17, // 44: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	17, // 45: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 46: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	3,  // 47: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	24, // 48: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	26, // 49: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	28, // 50: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
-	31, // 51: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
-	33, // 52: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
-	35, // 53: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
-	37, // 54: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
-	38, // 55: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
-	40, // [40:56] is the sub-list for method output_type
-	24, // [24:40] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	39, // 24: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
+	7,  // 25: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
+	9,  // 26: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
+	12, // 27: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
+	14, // 28: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
+	16, // 29: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	16, // 30: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	20, // 31: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
+	22, // 32: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
+	23, // 33: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
+	25, // 34: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
+	27, // 35: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
+	30, // 36: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
+	32, // 37: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
+	34, // 38: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
+	36, // 39: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
+	37, // 40: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
+	8,  // 41: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	10, // 42: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	13, // 43: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	15, // 44: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	17, // 45: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	17, // 46: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 47: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	3,  // 48: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	24, // 49: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	26, // 50: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	28, // 51: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	31, // 52: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	33, // 53: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	35, // 54: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	37, // 55: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
+	38, // 56: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
+	41, // [41:57] is the sub-list for method output_type
+	25, // [25:41] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_v1_tokenserver_proto_init() }
