@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -111,11 +112,13 @@ type entry struct {
 	seq uint64
 	// key is the bucket key: rule name, NUL, key. Immutable.
 	key string
-	// dead is set when the entry left the index; a lookup that finds a dead
-	// entry looks again.
-	dead bool
-	b    bucket.Bucket
-	// rule is the compiled rule version the bucket was last judged by.
+	// created is when the bucket was made: grants made before it belong to
+	// an earlier bucket of the key and give nothing back. Immutable.
+	created int64
+	b       bucket.Bucket
+	// rule is the compiled rule version the bucket was last judged by; it
+	// only moves to newer versions. nil once the entry left the index (a
+	// lookup that finds such a dead entry looks again).
 	rule *rule.Compiled
 	// penaltyUntil is the end of the key's penalty lock-out.
 	penaltyUntil int64
@@ -127,6 +130,10 @@ type entry struct {
 type refillLog struct {
 	nonces  []uint64
 	expires []int64
+	// floor: grants made before it are not given back. A rule change that
+	// lengthens how long grants can be given back sets it, since the
+	// records of grants given back under the old rule may be gone.
+	floor int64
 }
 
 // New returns an empty Map.
@@ -171,7 +178,7 @@ func (m *Map) lookup(sh *shard, h uint64, bk []byte) *entry {
 			return nil
 		}
 		e.mu.Lock()
-		if !e.dead {
+		if e.rule != nil {
 			return e
 		}
 		e.mu.Unlock() // evicted meanwhile: look again
@@ -193,7 +200,7 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 		sh.mu.Unlock()
 		return nil, err
 	}
-	e := &entry{key: string(bk), seq: uint64(now), b: bucket.New(cfg, now), rule: c}
+	e := &entry{key: string(bk), seq: uint64(now), created: now, b: bucket.New(cfg, now), rule: c}
 	e.mu.Lock()
 	sh.insert(m.seed, h, e)
 	sh.mu.Unlock()
@@ -275,7 +282,17 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		}
 	}
 	if e.rule != c {
-		m.update(e, c, key, now)
+		j, err := m.resolve(e, c, key, now)
+		if err == nil && j != c {
+			// The bucket is at a newer version than the caller's: it is
+			// judged by that one (a bucket never moves back).
+			c, cfg = j, j.ConfigFor(key)
+			err = CheckRequest(cfg, req)
+		}
+		if err != nil {
+			e.mu.Unlock()
+			return Decision{}, err
+		}
 	}
 	if now < e.penaltyUntil {
 		d.Result, d.Reason = e.b.Acquire(cfg, now, bucket.Request{}), ReasonPenalty
@@ -353,26 +370,54 @@ func incrementBelow(n *atomic.Int64, limit int64) bool {
 	}
 }
 
-// update moves e to rule version c: the same generation and algorithm keep
-// the state, clamped to the new capacity; otherwise the bucket starts fresh.
-func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) {
+// resolve brings e to the newer of its own rule version and c, and returns
+// the version e is now judged by: a bucket never moves back to an older
+// version or generation, so requests still holding an older table are
+// judged by the newer rule. e.mu is held.
+func (m *Map) resolve(e *entry, c *rule.Compiled, key string, now int64) (*rule.Compiled, error) {
+	if e.rule == c || c.Rule.Version <= e.rule.Rule.Version {
+		return e.rule, nil
+	}
+	if err := m.update(e, c, key, now); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// update moves e to rule version c (newer than e's): the same generation
+// and algorithm keep the state, clamped to the new capacity; otherwise the
+// bucket starts fresh and counts as a new key of c against its max_keys
+// (ErrMaxKeys leaves e as it was). e.mu is held.
+func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
 	old := e.rule
 	newCfg := c.ConfigFor(key)
 	if old.Rule.Generation == c.Rule.Generation && old.Rule.Algorithm == c.Rule.Algorithm {
-		e.b.Reconfigure(old.ConfigFor(key), newCfg, now)
+		oldCfg := old.ConfigFor(key)
+		e.b.Reconfigure(oldCfg, newCfg, now)
+		if e.refilled != nil && validity(newCfg) > validity(oldCfg) {
+			// Records of grants given back may be pruned by the shorter
+			// validity: refuse grants made before now.
+			e.refilled.floor = now
+		}
 	} else {
+		if old.KeyCount != c.KeyCount {
+			if c.MaxKeys > 0 && !incrementBelow(c.KeyCount, c.MaxKeys) {
+				m.capDenials.Add(1)
+				return fmt.Errorf("%w: rule %q holds its max_keys %d keys on this node", ErrMaxKeys, c.Rule.Name, c.MaxKeys)
+			} else if c.MaxKeys == 0 {
+				c.KeyCount.Add(1)
+			}
+			old.KeyCount.Add(-1)
+		}
 		e.b = bucket.New(newCfg, now)
 		e.penaltyUntil = 0
 		e.refilled = nil
-		if old.KeyCount != c.KeyCount {
-			old.KeyCount.Add(-1)
-			c.KeyCount.Add(1)
-		}
 	}
 	if c.Rule.Penalty == 0 {
 		e.penaltyUntil = 0
 	}
 	e.rule = c
+	return nil
 }
 
 // Refill gives back up to permits (all the grant took when permits < 0) of
@@ -399,13 +444,24 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 		return 0, bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining, nil
 	}
 	defer e.mu.Unlock()
-	if e.rule != c {
-		m.update(e, c, key, now)
+	if e.rule.Rule.Generation != c.Rule.Generation {
+		// The bucket is of another generation than the grant: nothing of
+		// the grant is here.
+		return 0, bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining, nil
+	}
+	if c, err = m.resolve(e, c, key, now); err != nil { // same generation: never fails
+		return 0, 0, err
+	}
+	cfg = c.ConfigFor(key)
+	if g.IssuedAt < e.created {
+		// The grant belongs to an earlier bucket of the key, evicted
+		// since (back at its initial state): nothing of it is here.
+		return 0, e.b.Acquire(cfg, now, bucket.Request{}).Remaining, nil
 	}
 	bg := bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}
 	if cfg.Algorithm == bucket.Concurrency {
 		refilled = e.b.Refill(cfg, now, bg, g.Permits)
-	} else if e.refillOnce(g.Nonce, g.IssuedAt+validity(cfg), now) {
+	} else if e.refillOnce(g.Nonce, g.IssuedAt, validity(cfg), now) {
 		refilled = e.b.Refill(cfg, now, bg, permits)
 	}
 	return refilled, e.b.Acquire(cfg, now, bucket.Request{}).Remaining, nil
@@ -420,9 +476,12 @@ func validity(cfg *bucket.Config) int64 {
 	return cfg.Period
 }
 
-// refillOnce records that the grant nonce is being given back, and reports
-// false when it already was (or the record is full).
-func (e *entry) refillOnce(nonce uint64, expires, now int64) bool {
+// refillOnce records that the grant nonce, made at issued and refillable
+// for valid nanoseconds, is being given back, and reports false when it
+// already was, it expired, it predates the record's floor, or the record is
+// full.
+func (e *entry) refillOnce(nonce uint64, issued, valid, now int64) bool {
+	expires := addSat(issued, valid)
 	if expires <= now {
 		return false
 	}
@@ -430,6 +489,9 @@ func (e *entry) refillOnce(nonce uint64, expires, now int64) bool {
 	if l == nil {
 		l = &refillLog{}
 		e.refilled = l
+	}
+	if issued < l.floor {
+		return false
 	}
 	j := 0
 	for i, n := range l.nonces {
@@ -474,10 +536,9 @@ func (m *Map) peek(c *rule.Compiled, bk []byte, cfg *bucket.Config, now int64) i
 	if e.rule.Rule.Generation != c.Rule.Generation {
 		return bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining
 	}
-	if e.rule != c {
-		m.update(e, c, string(bk[len(c.Rule.Name)+1:]), now)
-	}
-	return e.b.Acquire(cfg, now, bucket.Request{}).Remaining
+	key := string(bk[len(c.Rule.Name)+1:])
+	c, _ = m.resolve(e, c, key, now) // same generation: never fails
+	return e.b.Acquire(c.ConfigFor(key), now, bucket.Request{}).Remaining
 }
 
 // Renew extends the concurrency lease named by grantID by the rule's period
@@ -502,8 +563,12 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 		return false, nil
 	}
 	defer e.mu.Unlock()
-	if e.rule != c {
-		m.update(e, c, key, now)
+	if e.rule.Rule.Generation != c.Rule.Generation || g.IssuedAt < e.created {
+		return false, nil // a lease of an earlier bucket of the key
+	}
+	c, _ = m.resolve(e, c, key, now) // same generation: never fails
+	if cfg = c.ConfigFor(key); cfg.Algorithm != bucket.Concurrency {
+		return false, nil
 	}
 	return e.b.Renew(cfg, now, bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}), nil
 }
@@ -527,7 +592,7 @@ func (m *Map) evictIdle(sh *shard, now int64, limit int) {
 			continue
 		}
 		e.mu.Lock()
-		if !e.dead && e.idle(now) {
+		if e.rule != nil && e.idle(now) {
 			m.drop(sh, e)
 			dropped++
 		}
@@ -535,17 +600,20 @@ func (m *Map) evictIdle(sh *shard, now int64, limit int) {
 	}
 }
 
-// drop takes e out of the index; sh.mu and e.mu are held.
+// drop takes e out of the index and marks it dead; sh.mu and e.mu are
+// held.
 func (m *Map) drop(sh *shard, e *entry) {
-	e.dead = true
 	sh.remove(maphash.String(m.seed, e.key), e)
 	m.live.Add(-1)
 	e.rule.KeyCount.Add(-1)
+	e.rule = nil
 	m.evicted.Add(1)
 }
 
 // Sweep drops every bucket that is idle at now, or whose rule is gone from
-// t (deleted, or re-created as a new generation). It locks one shard at a
+// t (deleted, or re-created as a new generation). A bucket is judged by the
+// rule version it belongs to: one whose version is newer than t (created or
+// changed after t was loaded) is kept unless idle. It locks one shard at a
 // time (and each bucket in turn), shrinks indexes left mostly empty, and
 // returns how many it dropped.
 func (m *Map) Sweep(now int64, t *rule.Table) int {
@@ -560,8 +628,7 @@ func (m *Map) Sweep(now int64, t *rule.Table) int {
 				continue
 			}
 			e.mu.Lock()
-			cur := t.Get(e.rule.Rule.Name)
-			if !e.dead && (cur == nil || cur.Rule.Generation != e.rule.Rule.Generation || e.idle(now)) {
+			if e.rule != nil && (gone(e.rule, t) || e.idle(now)) {
 				m.drop(sh, e)
 				n++
 			}
@@ -575,6 +642,16 @@ func (m *Map) Sweep(now int64, t *rule.Table) int {
 	return n
 }
 
+// gone reports whether t, at least as new as c, no longer holds c's
+// generation (deleted, or re-created).
+func gone(c *rule.Compiled, t *rule.Table) bool {
+	if c.Rule.Version > t.Version {
+		return false // t predates c: it cannot judge it
+	}
+	cur := t.Get(c.Rule.Name)
+	return cur == nil || cur.Rule.Generation != c.Rule.Generation
+}
+
 // Live is the number of buckets held.
 func (m *Map) Live() int64 { return m.live.Load() }
 
@@ -583,3 +660,11 @@ func (m *Map) Evicted() int64 { return m.evicted.Load() }
 
 // CapDenials is the number of new keys refused by the node or rule caps.
 func (m *Map) CapDenials() int64 { return m.capDenials.Load() }
+
+// addSat returns a+b for b >= 0, saturating at math.MaxInt64.
+func addSat(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxInt64
+}
