@@ -96,6 +96,35 @@ func (v *View) OwnerOfHash(h uint64) (Member, bool) {
 	return v.members[v.ownerIndex(h)], true
 }
 
+// OwnerExcept returns the owner of a key already hashed with KeyHash among
+// the members for which skip returns false: the next owner in rendezvous
+// order when the first ones are skipped. It is what a key's ownership
+// becomes once the view drops the skipped members, so a key moved this way
+// while its owner is down moves once. False when every member is skipped
+// or the view is empty. skip may be nil; it is called once per member.
+func (v *View) OwnerExcept(h uint64, skip func(id string) bool) (Member, bool) {
+	best, bestScore, found := 0, uint64(0), false
+	for i, s := range v.seedsOrNil() {
+		if skip != nil && skip(v.members[i].ID) {
+			continue
+		}
+		if score := mix(h ^ s); !found || score > bestScore {
+			best, bestScore, found = i, score, true
+		}
+	}
+	if !found {
+		return Member{}, false
+	}
+	return v.members[best], true
+}
+
+func (v *View) seedsOrNil() []uint64 {
+	if v == nil {
+		return nil
+	}
+	return v.seeds
+}
+
 func (v *View) ownerIndex(h uint64) int {
 	best, bestScore := 0, uint64(0)
 	for i, s := range v.seeds {

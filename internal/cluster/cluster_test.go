@@ -121,3 +121,36 @@ func BenchmarkOwner(b *testing.B) {
 		v.Owner("user-123456")
 	}
 }
+
+// The next owner in rendezvous order, skipping members believed down, is
+// the owner the view gives once those members leave it: a key moved by a
+// client or a server while its owner is down moves once.
+func TestOwnerExceptIsTheViewWithoutTheSkipped(t *testing.T) {
+	ms := members(5)
+	v := NewView(1, ms)
+	for i := 0; i < 2000; i++ {
+		key := fmt.Sprint("key-", i)
+		h := KeyHash(key)
+		own, _ := v.Owner(key)
+		if got, ok := v.OwnerExcept(h, nil); !ok || got != own {
+			t.Fatalf("key %s: OwnerExcept(nil) = %v, Owner = %v", key, got, own)
+		}
+		down := map[string]bool{own.ID: true, ms[i%5].ID: true}
+		var rest []Member
+		for _, m := range ms {
+			if !down[m.ID] {
+				rest = append(rest, m)
+			}
+		}
+		want, _ := NewView(2, rest).Owner(key)
+		if got, ok := v.OwnerExcept(h, func(id string) bool { return down[id] }); !ok || got != want {
+			t.Fatalf("key %s with %v down: next owner %v, the view without them says %v", key, down, got, want)
+		}
+	}
+	if _, ok := v.OwnerExcept(1, func(string) bool { return true }); ok {
+		t.Fatal("every member skipped: want no owner")
+	}
+	if _, ok := (*View)(nil).OwnerExcept(1, nil); ok {
+		t.Fatal("nil view: want no owner")
+	}
+}
