@@ -26,6 +26,7 @@ const (
 	entryRemoveMember byte = 4
 	entrySetView      byte = 5
 	entryRestoreRules byte = 6
+	entryDrainMember  byte = 7
 
 	ignoreUnknown byte = 0x80
 )
@@ -48,6 +49,15 @@ type memberEntry struct {
 	Member memberInfo `json:"member"`
 }
 
+// setMemberEntry, removeMemberEntry and drainMemberEntry are memberEntry
+// decoded from the entry types that record a member's addresses, forget
+// it, and take it out of the view before it shuts down.
+type (
+	setMemberEntry    memberEntry
+	removeMemberEntry memberEntry
+	drainMemberEntry  memberEntry
+)
+
 // restoreEntry replaces the whole rule table.
 type restoreEntry struct {
 	Rules []*rule.Rule `json:"rules"`
@@ -66,6 +76,9 @@ type memberInfo struct {
 	// WasLive is set once the member has been in the view: coming back
 	// after a drop then takes the longer healthy period.
 	WasLive bool `json:"was_live,omitempty"`
+	// Draining is set when the member leaves the view to shut down; it
+	// stays out of the view until it registers again on start.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // encode makes a log entry of a type byte and a JSON payload.
@@ -183,8 +196,76 @@ func (f *FSM) publish(s *fsmState, rulesChanged bool) {
 	}
 }
 
+// errUnknownEntry is an entry type this node does not know.
+var errUnknownEntry = errors.New("unknown log entry type: this node is older than the cluster; upgrade it")
+
+// decodeEntry decodes a command entry into its typed payload. An unknown
+// type with ignoreUnknown set decodes to nil; any other unknown type is
+// errUnknownEntry.
+func decodeEntry(data []byte) (byte, any, error) {
+	if len(data) == 0 {
+		return 0, nil, errors.New("empty entry")
+	}
+	t, payload := data[0], data[1:]
+	var v any
+	switch t {
+	case entryPutRule:
+		var e putRuleEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return t, nil, fmt.Errorf("rule entry: %w", err)
+		}
+		if e.Rule == nil {
+			return t, nil, errors.New("rule entry without a rule")
+		}
+		v = e
+	case entryDeleteRule:
+		var e deleteRuleEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return t, nil, fmt.Errorf("delete entry: %w", err)
+		}
+		v = e
+	case entryRestoreRules:
+		var e restoreEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return t, nil, fmt.Errorf("restore entry: %w", err)
+		}
+		v = e
+	case entrySetMember, entryRemoveMember, entryDrainMember:
+		var e memberEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return t, nil, fmt.Errorf("member entry: %w", err)
+		}
+		if e.Member.ID == "" {
+			return t, nil, errors.New("member entry without an id")
+		}
+		switch t {
+		case entrySetMember:
+			v = setMemberEntry(e)
+		case entryRemoveMember:
+			v = removeMemberEntry(e)
+		default:
+			v = drainMemberEntry(e)
+		}
+	case entrySetView:
+		var e viewEntry
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return t, nil, fmt.Errorf("view entry: %w", err)
+		}
+		v = e
+	default:
+		if t&ignoreUnknown != 0 {
+			return t, nil, nil
+		}
+		return t, nil, fmt.Errorf("type %d: %w", t, errUnknownEntry)
+	}
+	return t, v, nil
+}
+
 // Apply applies one committed entry. It must be deterministic: every
 // replica applies the same entries in the same order to the same result.
+// An entry that does not decode stops the node (a panic raft does not
+// catch), like an unknown entry type: skipping it would let this replica
+// diverge from the others silently.
 func (f *FSM) Apply(l *raft.Log) any {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -192,24 +273,24 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	if len(l.Data) == 0 {
-		panic(fmt.Sprintf("raftfsm: empty log entry at index %d", l.Index))
+	_, e, err := decodeEntry(l.Data)
+	if err != nil {
+		panic(fmt.Sprintf("raftfsm: committed log entry %d cannot be applied: %v; this node stops rather than skip it", l.Index, err))
+	}
+	if e == nil { // an ignorable entry of a newer version
+		return nil
 	}
 	s := cur.clone()
 	s.Index = l.Index
-	res, rulesChanged := s.apply(l.Index, l.Data[0], l.Data[1:])
+	res, rulesChanged := s.apply(l.Index, e)
 	f.publish(s, rulesChanged)
 	return res
 }
 
-// apply applies an entry of type t to s (a private copy).
-func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, bool) {
-	switch t {
-	case entryPutRule:
-		var e putRuleEntry
-		if err := json.Unmarshal(payload, &e); err != nil || e.Rule == nil {
-			return applyResult{err: rule.Invalid("undecodable rule entry at %d: %v", index, err)}, false
-		}
+// apply applies a decoded entry to s (a private copy).
+func (s *fsmState) apply(index uint64, entry any) (applyResult, bool) {
+	switch e := entry.(type) {
+	case putRuleEntry:
 		r := e.Rule.Clone()
 		r.Normalize()
 		if err := r.Validate(); err != nil {
@@ -225,11 +306,7 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 		}
 		s.Rules[r.Name] = r
 		return applyResult{rule: r.Clone()}, true
-	case entryDeleteRule:
-		var e deleteRuleEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return applyResult{err: rule.Invalid("undecodable delete entry at %d: %v", index, err)}, false
-		}
+	case deleteRuleEntry:
 		old := s.Rules[e.Name]
 		if old == nil {
 			return applyResult{err: fmt.Errorf("delete %q: %w", e.Name, rule.ErrNotFound)}, false
@@ -239,11 +316,7 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 		}
 		delete(s.Rules, e.Name)
 		return applyResult{}, true
-	case entryRestoreRules:
-		var e restoreEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return applyResult{err: rule.Invalid("undecodable restore entry at %d: %v", index, err)}, false
-		}
+	case restoreEntry:
 		rules := make(map[string]*rule.Rule, len(e.Rules))
 		for _, r := range e.Rules {
 			if r == nil {
@@ -259,33 +332,30 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 		}
 		s.Rules = rules
 		return applyResult{}, true
-	case entrySetMember:
-		var e memberEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return applyResult{err: fmt.Errorf("undecodable member entry at %d: %w", index, err)}, false
-		}
+	case setMemberEntry:
 		m := e.Member
 		if old, ok := s.Members[m.ID]; ok {
 			m.WasLive = m.WasLive || old.WasLive
 		}
+		m.Draining = false // a member registers on start: it may enter the view again
 		s.Members[m.ID] = m
 		return applyResult{}, false
-	case entryRemoveMember:
-		var e memberEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return applyResult{err: fmt.Errorf("undecodable member entry at %d: %w", index, err)}, false
-		}
+	case removeMemberEntry:
 		delete(s.Members, e.Member.ID)
-		if i := indexOf(s.Live, e.Member.ID); i >= 0 {
-			s.Live = append(s.Live[:i:i], s.Live[i+1:]...)
-			s.ViewEpoch = index
-		}
+		s.dropLive(index, e.Member.ID)
 		return applyResult{}, false
-	case entrySetView:
-		var e viewEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return applyResult{err: fmt.Errorf("undecodable view entry at %d: %w", index, err)}, false
+	case drainMemberEntry:
+		m, ok := s.Members[e.Member.ID]
+		if !ok {
+			return applyResult{err: fmt.Errorf("drain member %q: %w", e.Member.ID, rule.ErrNotFound)}, false
 		}
+		// A member that left cleanly comes back as soon as it is ready,
+		// without the hysteresis meant for flapping members.
+		m.Draining, m.WasLive = true, false
+		s.Members[m.ID] = m
+		s.dropLive(index, m.ID)
+		return applyResult{}, false
+	case viewEntry:
 		live := append([]string(nil), e.Live...)
 		sort.Strings(live)
 		s.Live = live
@@ -298,10 +368,15 @@ func (s *fsmState) apply(index uint64, t byte, payload []byte) (applyResult, boo
 		}
 		return applyResult{}, false
 	}
-	if t&ignoreUnknown != 0 {
-		return applyResult{}, false
+	return applyResult{}, false
+}
+
+// dropLive takes id out of the view, a new epoch at index.
+func (s *fsmState) dropLive(index uint64, id string) {
+	if i := indexOf(s.Live, id); i >= 0 {
+		s.Live = append(s.Live[:i:i], s.Live[i+1:]...)
+		s.ViewEpoch = index
 	}
-	panic(fmt.Sprintf("raftfsm: unknown log entry type %d at index %d: this node is older than the cluster; upgrade it", t, index))
 }
 
 func indexOf(s []string, v string) int {

@@ -11,12 +11,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
@@ -60,8 +60,20 @@ type Config struct {
 	SnapshotThreshold uint64
 	// SnapshotInterval is how often Raft checks whether to snapshot.
 	SnapshotInterval time.Duration
-	// MaxVoters is the most voting members; more join as non-voters.
+	// MaxVoters is the most voting members; more stay non-voters.
 	MaxVoters int
+	// StabilizationTime is how long a joining node must stay healthy (caught
+	// up, answering its health check) as a non-voter before it is promoted
+	// to voter; a member id that rejoins with another address replaces the
+	// old member only when that one has been unreachable this long.
+	StabilizationTime time.Duration
+	// DeadMemberAfter removes a non-voter that has been unreachable this
+	// long from the Raft configuration (0: never), as Consul's autopilot
+	// cleans up dead servers.
+	DeadMemberAfter time.Duration
+	// CleanupDeadVoters also removes voters unreachable for DeadMemberAfter,
+	// when the voters left keep a healthy quorum.
+	CleanupDeadVoters bool
 	// DownAfter drops a member from the routing view after this long
 	// unhealthy.
 	DownAfter time.Duration
@@ -74,6 +86,10 @@ type Config struct {
 	// JoinVia asks a member at one of grpcAddrs to add self (gRPC
 	// AdminService.Join), which also records self's addresses.
 	JoinVia func(ctx context.Context, grpcAddrs []string, self cluster.Member) error
+	// DrainVia asks the leader, at its gRPC address, to take member id out
+	// of the routing view (AdminService.DrainMember); nil means this node
+	// can leave the view only while it leads.
+	DrainVia func(ctx context.Context, leaderGRPC, id string) error
 	// Logger receives the node's and Raft's logs.
 	Logger *slog.Logger
 	// ObserveApply, when set, receives the time each entry this node
@@ -96,6 +112,8 @@ func DefaultConfig() Config {
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   2 * time.Minute,
 		MaxVoters:          5,
+		StabilizationTime:  10 * time.Second,
+		DeadMemberAfter:    24 * time.Hour,
 		DownAfter:          5 * time.Second,
 		UpAfter:            10 * time.Second,
 		LivenessInterval:   500 * time.Millisecond,
@@ -130,6 +148,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("bootstrap-expect is %d but %d peers are listed", c.BootstrapExpect, len(c.Peers))
 	case c.MaxVoters < 1:
 		return fmt.Errorf("max voters must be >= 1, got %d", c.MaxVoters)
+	case c.StabilizationTime < 0:
+		return fmt.Errorf("stabilization time must be >= 0, got %v", c.StabilizationTime)
+	case c.DeadMemberAfter < 0:
+		return fmt.Errorf("dead member cleanup must be >= 0, got %v", c.DeadMemberAfter)
+	case c.CleanupDeadVoters && c.DeadMemberAfter == 0:
+		return errors.New("cleaning up dead voters needs a dead member time")
 	case c.Health == nil || c.JoinVia == nil:
 		return errors.New("health and join functions are required")
 	}
@@ -141,22 +165,37 @@ func (c *Config) Validate() error {
 
 // Node is a Raft member. It is safe for simultaneous use.
 type Node struct {
-	cfg    Config
-	log    *slog.Logger
-	raft   *raft.Raft
-	fsm    *FSM
-	layer  *streamLayer
-	trans  *raft.NetworkTransport
-	bolt   *raftboltdb.BoltStore
-	snaps  *raft.FileSnapshotStore
+	cfg   Config
+	log   *slog.Logger
+	raft  *raft.Raft
+	fsm   *FSM
+	layer *streamLayer
+	trans *raft.NetworkTransport
+	bolt  *raftboltdb.BoltStore
+	snaps *raft.FileSnapshotStore
+	// raftUp is set once raft exists: the stream layer answers probes
+	// before that, and they must not touch it.
+	raftUp atomic.Bool
 	state  atomic.Bool // has Raft state (bootstrapped or joined)
-	ready  atomic.Bool
-	target atomic.Uint64 // commit index to reach before ready
-	// barrierTerm is the term in which a read Barrier last succeeded.
-	barrierTerm atomic.Uint64
+	// caughtUp latches once the node has applied every entry up to the
+	// commit index it learned after start; see readiness.go.
+	caughtUp atomic.Bool
+	target   atomic.Uint64 // commit index to reach before caught up
+	// through is the highest index known to be applied by the FSM, every
+	// entry type counted (see appliedThrough).
+	through atomic.Uint64
+	// termCommitted is the term in which this node, leading, has seen an
+	// entry of its own term committed (reads are current from then on).
+	termCommitted atomic.Uint64
+	draining      atomic.Bool
+	started       time.Time
 
 	hbMu      sync.Mutex
 	hbFailing map[string]time.Time // peers whose heartbeats fail, since when
+
+	// health is the leader's record of each member's health, for the
+	// routing view and autopilot (see liveness.go).
+	health healthBook
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -180,7 +219,7 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, log: log, fsm: NewFSM(), hbFailing: map[string]time.Time{}, done: make(chan struct{})}
+	n := &Node{cfg: cfg, log: log, fsm: NewFSM(), hbFailing: map[string]time.Time{}, done: make(chan struct{}), started: time.Now()}
 	ch := make(chan struct{})
 	n.leaderSig.Store(&ch)
 	ok := false
@@ -189,9 +228,14 @@ func Open(cfg Config) (*Node, error) {
 			n.closeStores()
 		}
 	}()
+	// Damaged stores stop the node here, with an error that says what to
+	// do, rather than as a panic inside raft or a silently missing rule.
+	if err := CheckDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
 	var err error
-	if n.bolt, err = raftboltdb.NewBoltStore(filepath.Join(cfg.DataDir, "raft.db")); err != nil {
-		return nil, fmt.Errorf("open raft log: %w", err)
+	if n.bolt, err = openBolt(cfg.DataDir, false); err != nil {
+		return nil, err
 	}
 	hl := newHCLogger(log, "raft")
 	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 3, hl); err != nil {
@@ -208,18 +252,10 @@ func Open(cfg Config) (*Node, error) {
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: n.layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl,
 	})
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.CommitTimeout
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.SnapshotInterval = cfg.SnapshotInterval
-	rc.Logger = hl
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.bolt, n.bolt, n.snaps, n.trans); err != nil {
-		return nil, fmt.Errorf("start raft: %w", err)
+	if n.raft, err = newRaft(cfg.raftConfig(hl), n.fsm, n.bolt, n.snaps, n.trans); err != nil {
+		return nil, fmt.Errorf("start raft from %s: %w", cfg.DataDir, err)
 	}
+	n.raftUp.Store(true)
 	ok = true
 	n.observe()
 	switch {
@@ -240,6 +276,31 @@ func Open(cfg Config) (*Node, error) {
 	go n.liveness()
 	go n.readiness()
 	return n, nil
+}
+
+// raftConfig is hashicorp/raft's configuration for c.
+func (c *Config) raftConfig(hl hclog.Logger) *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(c.NodeID)
+	rc.HeartbeatTimeout = c.HeartbeatTimeout
+	rc.ElectionTimeout = c.ElectionTimeout
+	rc.LeaderLeaseTimeout = c.LeaderLeaseTimeout
+	rc.CommitTimeout = c.CommitTimeout
+	rc.SnapshotThreshold = c.SnapshotThreshold
+	rc.SnapshotInterval = c.SnapshotInterval
+	rc.Logger = hl
+	return rc
+}
+
+// newRaft starts raft, turning a panic while it reads its stores into an
+// error (CheckDataDir runs first, so this is a last line of defence).
+func newRaft(rc *raft.Config, fsm raft.FSM, bolt *raftboltdb.BoltStore, snaps raft.SnapshotStore, trans raft.Transport) (r *raft.Raft, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("reading the stores failed: %v: %w", p, ErrDamaged)
+		}
+	}()
+	return raft.NewRaft(rc, fsm, bolt, bolt, snaps, trans)
 }
 
 // RaftAddr is the advertised Raft address.
@@ -392,12 +453,6 @@ func (n *Node) List(ctx context.Context) ([]*rule.Rule, error) {
 	return rules, nil
 }
 
-func (n *Node) term() uint64 {
-	var t uint64
-	fmt.Sscan(n.raft.Stats()["term"], &t)
-	return t
-}
-
 // Raft exposes the raft instance for metrics and snapshots.
 func (n *Node) Raft() *raft.Raft { return n.raft }
 
@@ -434,4 +489,57 @@ func (n *Node) closeStores() {
 	if n.bolt != nil {
 		n.bolt.Close()
 	}
+}
+
+// observe follows leader changes and peer heartbeat failures.
+func (n *Node) observe() {
+	ch := make(chan raft.Observation, 64)
+	n.raft.RegisterObserver(raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
+			return true
+		}
+		return false
+	}))
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		for {
+			select {
+			case <-n.done:
+				return
+			case o := <-ch:
+				switch d := o.Data.(type) {
+				case raft.LeaderObservation:
+					n.log.Info("leader changed", "leader", string(d.LeaderID))
+					next := make(chan struct{})
+					close(*n.leaderSig.Swap(&next))
+				case raft.FailedHeartbeatObservation:
+					n.hbMu.Lock()
+					if _, ok := n.hbFailing[string(d.PeerID)]; !ok {
+						n.hbFailing[string(d.PeerID)] = d.LastContact
+					}
+					n.hbMu.Unlock()
+				case raft.ResumedHeartbeatObservation:
+					n.hbMu.Lock()
+					delete(n.hbFailing, string(d.PeerID))
+					n.hbMu.Unlock()
+				}
+			}
+		}
+	}()
+}
+
+func (n *Node) voters() int {
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return 0
+	}
+	v := 0
+	for _, s := range cf.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			v++
+		}
+	}
+	return v
 }

@@ -26,6 +26,11 @@ type probeInfo struct {
 	GRPCAddr string `json:"grpc_addr"`
 	HasState bool   `json:"has_state"`
 	Leader   string `json:"leader,omitempty"`
+	// Term and CommitIndex are the node's Raft term and commit index; a
+	// restarting follower learns the commit index to catch up to from
+	// its leader's.
+	Term        uint64 `json:"term,omitempty"`
+	CommitIndex uint64 `json:"commit_index,omitempty"`
 }
 
 // streamLayer is raft's transport stream layer on plain TCP that advertises
