@@ -1,0 +1,525 @@
+// Package tlsutil builds tokenserver's TLS configurations (client-facing ports, Raft and node-to-node peers) from PEM files that it re-reads when they change.
+package tlsutil
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// PeerServerName is the TLS server name (SNI) a node sends when it dials a
+// peer. A client-facing listener answers it with the peer certificate
+// instead of the client-facing one, so node-to-node gRPC verifies against
+// the peer CA even when the client-facing certificate comes from another
+// CA. Peers verify the chain to the peer CA, not host names.
+const PeerServerName = "tokenserver-peer"
+
+// DefaultReloadInterval is how often a Reloader looks at its files.
+const DefaultReloadInterval = 5 * time.Second
+
+// ClientAuth is how a client-facing listener treats client certificates.
+type ClientAuth int
+
+// The client authentication modes of --tls-client-auth.
+const (
+	// ClientAuthNone asks for no client certificate. A peer may still offer
+	// its own (forwarded calls): an offered certificate must then chain to
+	// the peer CA, or the handshake fails.
+	ClientAuthNone ClientAuth = iota
+	// ClientAuthRequest asks for a client certificate; one that is offered
+	// must chain to the client CA or the peer CA.
+	ClientAuthRequest
+	// ClientAuthRequire refuses a connection without a certificate that
+	// chains to the client CA or the peer CA.
+	ClientAuthRequire
+)
+
+// ParseClientAuth parses none, request or require.
+func ParseClientAuth(s string) (ClientAuth, error) {
+	switch s {
+	case "none", "":
+		return ClientAuthNone, nil
+	case "request":
+		return ClientAuthRequest, nil
+	case "require":
+		return ClientAuthRequire, nil
+	}
+	return 0, fmt.Errorf("client auth must be none, request or require, got %q", s)
+}
+
+// String returns the flag value of a.
+func (a ClientAuth) String() string {
+	switch a {
+	case ClientAuthNone:
+		return "none"
+	case ClientAuthRequest:
+		return "request"
+	case ClientAuthRequire:
+		return "require"
+	}
+	return fmt.Sprintf("ClientAuth(%d)", int(a))
+}
+
+// Files names the PEM files of a node. Empty peer fields default to the
+// client-facing ones (--peer-tls-cert to --tls-cert, and so on).
+type Files struct {
+	// CertFile and KeyFile are the certificate (with its chain) and key the
+	// client-facing ports serve (--tls-cert, --tls-key).
+	CertFile, KeyFile string
+	// ClientCAFile is the CA bundle client certificates must chain to
+	// (--tls-client-ca).
+	ClientCAFile string
+	// PeerCertFile and PeerKeyFile are the certificate and key a node
+	// presents to its peers, as server and as client (--peer-tls-cert,
+	// --peer-tls-key).
+	PeerCertFile, PeerKeyFile string
+	// PeerCAFile is the CA bundle peer certificates must chain to
+	// (--peer-tls-ca).
+	PeerCAFile string
+}
+
+// withDefaults fills the peer files from the client-facing ones.
+func (f Files) withDefaults() Files {
+	if f.PeerCertFile == "" && f.PeerKeyFile == "" {
+		f.PeerCertFile, f.PeerKeyFile = f.CertFile, f.KeyFile
+	}
+	if f.PeerCAFile == "" {
+		f.PeerCAFile = f.ClientCAFile
+	}
+	return f
+}
+
+// Validate reports the first inconsistency between the files, naming the
+// flags.
+func (f Files) Validate() error {
+	switch {
+	case (f.CertFile == "") != (f.KeyFile == ""):
+		return errors.New("--tls-cert and --tls-key go together")
+	case (f.PeerCertFile == "") != (f.PeerKeyFile == ""):
+		return errors.New("--peer-tls-cert and --peer-tls-key go together")
+	}
+	return nil
+}
+
+// Options tunes a Reloader.
+type Options struct {
+	// Interval is how often the files are looked at (DefaultReloadInterval
+	// when 0; below 0 never: only Reload re-reads them).
+	Interval time.Duration
+	// Logger receives reloads and failed reloads; nil discards.
+	Logger *slog.Logger
+}
+
+// Reloader holds a node's certificates, keys and CA pools, and re-reads
+// their files when their content changes (every Options.Interval; a
+// Kubernetes Secret's symlink swap counts), so that new connections see new
+// certificates while live ones keep going. A file that fails to load (a
+// certificate and key written one after the other, caught in between)
+// leaves the previous material in use until a later poll succeeds. It is
+// safe for simultaneous use.
+type Reloader struct {
+	files Files
+	log   *slog.Logger
+	cur   atomic.Pointer[material]
+	gen   atomic.Uint64
+
+	mu         sync.Mutex // serializes reloads
+	lastFailed [32]byte   // digest of the content that last failed to load
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// material is one loaded generation of the files.
+type material struct {
+	digest   [32]byte
+	cert     *tls.Certificate // client-facing; nil without --tls-cert
+	peerCert *tls.Certificate // nil without peer files
+	// clientCAs and peerCAs are the parsed bundles; clientPool holds both
+	// (a client-facing listener accepts peers' certificates too).
+	clientCAs, peerCAs   []*x509.Certificate
+	clientPool, peerPool *x509.CertPool
+	server               [3]*tls.Config // client-facing, by ClientAuth
+	peerServer           *tls.Config
+}
+
+// New loads files and, unless opts.Interval < 0, polls them until Close.
+// With no file at all it returns a Reloader whose configs all fail: the
+// caller checks Enabled.
+func New(files Files, opts Options) (*Reloader, error) {
+	if err := files.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Reloader{files: files.withDefaults(), log: opts.Logger, stop: make(chan struct{})}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if err := r.Reload(); err != nil {
+		return nil, err
+	}
+	interval := opts.Interval
+	if interval == 0 {
+		interval = DefaultReloadInterval
+	}
+	if interval > 0 && r.Enabled() {
+		r.wg.Add(1)
+		go r.poll(interval)
+	}
+	return r, nil
+}
+
+// Enabled reports whether any file was given.
+func (r *Reloader) Enabled() bool {
+	f := r.files
+	return f.CertFile != "" || f.ClientCAFile != "" || f.PeerCertFile != "" || f.PeerCAFile != ""
+}
+
+// Close stops polling.
+func (r *Reloader) Close() {
+	r.stopOnce.Do(func() { close(r.stop) })
+	r.wg.Wait()
+}
+
+// Generation counts the loads that changed the material: 1 after New, +1
+// per reload that saw new content.
+func (r *Reloader) Generation() uint64 { return r.gen.Load() }
+
+func (r *Reloader) poll(interval time.Duration) {
+	defer r.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			if err := r.Reload(); err != nil {
+				r.log.Warn("tls: reload failed; still serving the previous certificates", "error", err)
+			}
+		}
+	}
+}
+
+// Reload re-reads the files now and installs them when their content
+// changed. On an error the previous material stays.
+func (r *Reloader) Reload() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	contents, digest, err := r.read()
+	if err != nil {
+		return err
+	}
+	if old := r.cur.Load(); old != nil && old.digest == digest {
+		return nil
+	}
+	if digest == r.lastFailed {
+		return nil // already reported; wait for new content
+	}
+	m, err := r.load(contents)
+	if err != nil {
+		r.lastFailed = digest
+		return err
+	}
+	m.digest = digest
+	r.cur.Store(m)
+	r.gen.Add(1)
+	attrs := []any{"generation", r.gen.Load()}
+	if m.cert != nil {
+		attrs = append(attrs, "cert_not_after", m.cert.Leaf.NotAfter)
+	}
+	if m.peerCert != nil {
+		attrs = append(attrs, "peer_cert_not_after", m.peerCert.Leaf.NotAfter)
+	}
+	r.log.Info("tls: certificates loaded", attrs...)
+	return nil
+}
+
+// file indexes in read's result.
+const (
+	fCert = iota
+	fKey
+	fClientCA
+	fPeerCert
+	fPeerKey
+	fPeerCA
+	nFiles
+)
+
+func (r *Reloader) read() ([nFiles][]byte, [32]byte, error) {
+	var out [nFiles][]byte
+	names := [nFiles]string{r.files.CertFile, r.files.KeyFile, r.files.ClientCAFile, r.files.PeerCertFile, r.files.PeerKeyFile, r.files.PeerCAFile}
+	h := sha256.New()
+	for i, name := range names {
+		if name == "" {
+			h.Write([]byte{0})
+			continue
+		}
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return out, [32]byte{}, fmt.Errorf("tls: read %s: %w", name, err)
+		}
+		out[i] = data
+		fmt.Fprintf(h, "%d:%d:", i, len(data))
+		h.Write(data)
+	}
+	var d [32]byte
+	h.Sum(d[:0])
+	return out, d, nil
+}
+
+func (r *Reloader) load(c [nFiles][]byte) (*material, error) {
+	f := r.files
+	m := &material{}
+	var err error
+	if f.CertFile != "" {
+		if m.cert, err = keyPair(c[fCert], c[fKey], f.CertFile, f.KeyFile); err != nil {
+			return nil, err
+		}
+	}
+	if f.PeerCertFile != "" {
+		if m.peerCert, err = keyPair(c[fPeerCert], c[fPeerKey], f.PeerCertFile, f.PeerKeyFile); err != nil {
+			return nil, err
+		}
+	}
+	if f.ClientCAFile != "" {
+		if m.clientCAs, err = parseCerts(c[fClientCA], f.ClientCAFile); err != nil {
+			return nil, err
+		}
+	}
+	if f.PeerCAFile != "" {
+		if m.peerCAs, err = parseCerts(c[fPeerCA], f.PeerCAFile); err != nil {
+			return nil, err
+		}
+	}
+	m.clientPool, m.peerPool = x509.NewCertPool(), x509.NewCertPool()
+	for _, ca := range m.clientCAs {
+		m.clientPool.AddCert(ca)
+	}
+	for _, ca := range m.peerCAs {
+		m.clientPool.AddCert(ca)
+		m.peerPool.AddCert(ca)
+	}
+	if m.cert != nil {
+		for a := range m.server {
+			m.server[a] = r.serverConfig(m, ClientAuth(a))
+		}
+	}
+	if m.peerCert != nil && len(m.peerCAs) > 0 {
+		m.peerServer = &tls.Config{
+			MinVersion:       tls.VersionTLS12,
+			Certificates:     []tls.Certificate{*m.peerCert},
+			ClientAuth:       tls.RequireAndVerifyClientCert,
+			ClientCAs:        m.peerPool,
+			VerifyConnection: r.verifyPeerConnection,
+		}
+	}
+	return m, nil
+}
+
+// serverConfig is the client-facing config of one ClientAuth mode.
+func (r *Reloader) serverConfig(m *material, a ClientAuth) *tls.Config {
+	c := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"h2", "http/1.1"},
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if hello.ServerName == PeerServerName && m.peerCert != nil {
+				return m.peerCert, nil
+			}
+			return m.cert, nil
+		},
+	}
+	switch {
+	case a == ClientAuthRequire:
+		c.ClientAuth, c.ClientCAs = tls.RequireAndVerifyClientCert, m.clientPool
+	case a == ClientAuthRequest || len(m.peerCAs) > 0:
+		// In mode none a peer may offer its certificate (forwarded calls);
+		// only peer certificates are then accepted.
+		c.ClientAuth, c.ClientCAs = tls.VerifyClientCertIfGiven, m.clientPool
+		if a == ClientAuthNone {
+			c.ClientCAs = m.peerPool
+		}
+	}
+	return c
+}
+
+func keyPair(certPEM, keyPEM []byte, certFile, keyFile string) (*tls.Certificate, error) {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("tls: load %s and %s: %w", certFile, keyFile, err)
+	}
+	return &pair, nil // Go ≥ 1.23 fills pair.Leaf
+}
+
+func parseCerts(data []byte, name string) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for len(data) > 0 {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("tls: parse %s: %w", name, err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, fmt.Errorf("tls: %s holds no PEM certificate", name)
+	}
+	return certs, nil
+}
+
+// ServerConfig returns the config of a client-facing listener (gRPC, and
+// HTTP unless --http-tls=false): TLS 1.2 at least, ALPN h2 and http/1.1,
+// the current certificate on every new handshake, and client certificates
+// verified by mode a against the client CA plus the peer CA.
+func (r *Reloader) ServerConfig(a ClientAuth) (*tls.Config, error) {
+	if r.files.CertFile == "" {
+		return nil, errors.New("tls: no server certificate (--tls-cert, --tls-key)")
+	}
+	if a != ClientAuthNone && r.files.ClientCAFile == "" && r.files.PeerCAFile == "" {
+		return nil, fmt.Errorf("tls: --tls-client-auth=%s needs --tls-client-ca", a)
+	}
+	if a < ClientAuthNone || a > ClientAuthRequire {
+		return nil, fmt.Errorf("tls: unknown client auth %d", a)
+	}
+	get := func(*tls.ClientHelloInfo) (*tls.Config, error) { return r.cur.Load().server[a], nil }
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		NextProtos:         []string{"h2", "http/1.1"},
+		GetConfigForClient: get,
+		// Unused while GetConfigForClient answers, but net/http looks for
+		// a certificate source.
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return r.cur.Load().cert, nil },
+	}, nil
+}
+
+func (r *Reloader) peerReady() error {
+	switch {
+	case r.files.PeerCertFile == "":
+		return errors.New("tls: no peer certificate (--peer-tls-cert and --peer-tls-key, or --tls-cert and --tls-key)")
+	case r.files.PeerCAFile == "":
+		return errors.New("tls: no peer CA (--peer-tls-ca, or --tls-client-ca)")
+	}
+	return nil
+}
+
+// PeerServerConfig returns the config of the Raft listener: the peer
+// certificate, and mutual TLS that refuses a client whose certificate is not
+// a peer's (see PeerID).
+func (r *Reloader) PeerServerConfig() (*tls.Config, error) {
+	if err := r.peerReady(); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return r.cur.Load().peerServer, nil
+		},
+	}, nil
+}
+
+// PeerClientConfig returns the config a node dials its peers with (Raft,
+// forwarding, health checks, join probes): it presents the peer certificate,
+// sends PeerServerName, and accepts only a server whose certificate is a
+// peer's. Host names are not checked: the peer CA is the trust.
+func (r *Reloader) PeerClientConfig() (*tls.Config, error) {
+	if err := r.peerReady(); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		ServerName: PeerServerName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return r.cur.Load().peerCert, nil
+		},
+		// Verification is VerifyConnection's, against the current pool.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			m := r.cur.Load()
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("tls: the peer sent no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			chains, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+				Roots: m.peerPool, Intermediates: inter,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			})
+			if err != nil {
+				return fmt.Errorf("tls: peer certificate: %w", err)
+			}
+			if _, ok := m.peerID(chains); !ok {
+				return errors.New("tls: the server's certificate is not a node certificate (no tokenserver://node/ID URI SAN)")
+			}
+			return nil
+		},
+	}, nil
+}
+
+// verifyPeerConnection refuses a Raft client whose verified certificate is
+// not a peer's.
+func (r *Reloader) verifyPeerConnection(cs tls.ConnectionState) error {
+	if _, ok := r.cur.Load().peerID(cs.VerifiedChains); !ok {
+		return errors.New("tls: the client's certificate is not a node certificate (no tokenserver://node/ID URI SAN)")
+	}
+	return nil
+}
+
+// PeerID reports whether a connection's verified client certificate is a
+// peer's and returns the node id it names ("" when it names none). A peer
+// certificate chains to the peer CA; when that CA is also a client CA (one
+// CA for clients and nodes, as `tokenctl certs` makes), it must also name a
+// node in a tokenserver://node/ID URI SAN, so that client certificates are
+// never peers. Cheap: no signature is checked again.
+func (r *Reloader) PeerID(cs *tls.ConnectionState) (string, bool) {
+	if cs == nil {
+		return "", false
+	}
+	return r.cur.Load().peerID(cs.VerifiedChains)
+}
+
+func (m *material) peerID(chains [][]*x509.Certificate) (string, bool) {
+	for _, chain := range chains {
+		if len(chain) == 0 {
+			continue
+		}
+		root := chain[len(chain)-1]
+		if !contains(m.peerCAs, root) {
+			continue
+		}
+		ids := NodeIDs(chain[0])
+		if len(ids) > 0 {
+			return ids[0], true
+		}
+		if !contains(m.clientCAs, root) {
+			return "", true // a CA of peers only
+		}
+	}
+	return "", false
+}
+
+func contains(set []*x509.Certificate, c *x509.Certificate) bool {
+	for _, s := range set {
+		if s == c || bytes.Equal(s.Raw, c.Raw) {
+			return true
+		}
+	}
+	return false
+}
