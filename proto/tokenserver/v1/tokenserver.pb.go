@@ -2504,6 +2504,86 @@ func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
 	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{32}
 }
 
+type DrainMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainMemberRequest) Reset() {
+	*x = DrainMemberRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainMemberRequest) ProtoMessage() {}
+
+func (x *DrainMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainMemberRequest.ProtoReflect.Descriptor instead.
+func (*DrainMemberRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DrainMemberRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DrainMemberResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainMemberResponse) Reset() {
+	*x = DrainMemberResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainMemberResponse) ProtoMessage() {}
+
+func (x *DrainMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainMemberResponse.ProtoReflect.Descriptor instead.
+func (*DrainMemberResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{34}
+}
+
 type SnapshotSaveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2512,7 +2592,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2604,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2617,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{33}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{35}
 }
 
 // SnapshotChunk is a piece of a snapshot, in order.
@@ -2550,7 +2630,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2562,7 +2642,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2575,7 +2655,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{34}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -2597,7 +2677,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2689,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2702,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{35}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotRestoreResponse) GetRules() int64 {
@@ -2819,7 +2899,10 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x13JoinClusterResponse\"%\n" +
 	"\x13RemoveMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x16\n" +
-	"\x14RemoveMemberResponse\"\x15\n" +
+	"\x14RemoveMemberResponse\"$\n" +
+	"\x12DrainMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x15\n" +
+	"\x13DrainMemberResponse\"\x15\n" +
 	"\x13SnapshotSaveRequest\"#\n" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"I\n" +
@@ -2853,7 +2936,7 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
 	"RenewLease\x12!.tokenserver.v1.RenewLeaseRequest\x1a\".tokenserver.v1.RenewLeaseResponse\x12T\n" +
 	"\x0eGetClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView\x12X\n" +
-	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xdb\x06\n" +
+	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xb3\a\n" +
 	"\fAdminService\x12J\n" +
 	"\aPutRule\x12\x1e.tokenserver.v1.PutRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12?\n" +
 	"\aGetRule\x12\x1e.tokenserver.v1.GetRuleRequest\x1a\x14.tokenserver.v1.Rule\x12P\n" +
@@ -2864,7 +2947,8 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
 	"NodeStatus\x12!.tokenserver.v1.NodeStatusRequest\x1a\".tokenserver.v1.NodeStatusResponse\x12V\n" +
 	"\vJoinCluster\x12\".tokenserver.v1.JoinClusterRequest\x1a#.tokenserver.v1.JoinClusterResponse\x12Y\n" +
-	"\fRemoveMember\x12#.tokenserver.v1.RemoveMemberRequest\x1a$.tokenserver.v1.RemoveMemberResponse\x12T\n" +
+	"\fRemoveMember\x12#.tokenserver.v1.RemoveMemberRequest\x1a$.tokenserver.v1.RemoveMemberResponse\x12V\n" +
+	"\vDrainMember\x12\".tokenserver.v1.DrainMemberRequest\x1a#.tokenserver.v1.DrainMemberResponse\x12T\n" +
 	"\fSnapshotSave\x12#.tokenserver.v1.SnapshotSaveRequest\x1a\x1d.tokenserver.v1.SnapshotChunk0\x01\x12[\n" +
 	"\x0fSnapshotRestore\x12\x1d.tokenserver.v1.SnapshotChunk\x1a'.tokenserver.v1.SnapshotRestoreResponse(\x01BGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
 
@@ -2881,7 +2965,7 @@ func file_tokenserver_v1_tokenserver_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
 	(Algorithm)(0),                  // 0: tokenserver.v1.Algorithm
 	(FallbackPolicy)(0),             // 1: tokenserver.v1.FallbackPolicy
@@ -2919,38 +3003,40 @@ var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
 	(*JoinClusterResponse)(nil),     // 33: tokenserver.v1.JoinClusterResponse
 	(*RemoveMemberRequest)(nil),     // 34: tokenserver.v1.RemoveMemberRequest
 	(*RemoveMemberResponse)(nil),    // 35: tokenserver.v1.RemoveMemberResponse
-	(*SnapshotSaveRequest)(nil),     // 36: tokenserver.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),           // 37: tokenserver.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil), // 38: tokenserver.v1.SnapshotRestoreResponse
-	(*durationpb.Duration)(nil),     // 39: google.protobuf.Duration
-	(*status.Status)(nil),           // 40: google.rpc.Status
+	(*DrainMemberRequest)(nil),      // 36: tokenserver.v1.DrainMemberRequest
+	(*DrainMemberResponse)(nil),     // 37: tokenserver.v1.DrainMemberResponse
+	(*SnapshotSaveRequest)(nil),     // 38: tokenserver.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),           // 39: tokenserver.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil), // 40: tokenserver.v1.SnapshotRestoreResponse
+	(*durationpb.Duration)(nil),     // 41: google.protobuf.Duration
+	(*status.Status)(nil),           // 42: google.rpc.Status
 }
 var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	0,  // 0: tokenserver.v1.Rule.algorithm:type_name -> tokenserver.v1.Algorithm
-	39, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
-	39, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
-	39, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
+	41, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
+	41, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
+	41, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
 	4,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
 	5,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
 	6,  // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
 	1,  // 7: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
-	39, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	41, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
 	2,  // 9: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
 	7,  // 10: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
 	11, // 11: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
-	40, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
+	42, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
 	8,  // 13: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
 	18, // 14: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
 	19, // 15: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
 	0,  // 16: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
-	39, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
+	41, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
 	5,  // 18: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
 	6,  // 19: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
 	3,  // 20: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
 	3,  // 21: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
 	3,  // 22: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
 	29, // 23: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
-	39, // 24: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
+	41, // 24: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
 	7,  // 25: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
 	9,  // 26: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
 	12, // 27: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
@@ -2965,26 +3051,28 @@ var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	30, // 36: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
 	32, // 37: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
 	34, // 38: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
-	36, // 39: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
-	37, // 40: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
-	8,  // 41: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	10, // 42: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	13, // 43: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	15, // 44: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	17, // 45: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	17, // 46: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 47: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	3,  // 48: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	24, // 49: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	26, // 50: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	28, // 51: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
-	31, // 52: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
-	33, // 53: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
-	35, // 54: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
-	37, // 55: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
-	38, // 56: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
-	41, // [41:57] is the sub-list for method output_type
-	25, // [25:41] is the sub-list for method input_type
+	36, // 39: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
+	38, // 40: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
+	39, // 41: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
+	8,  // 42: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	10, // 43: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	13, // 44: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	15, // 45: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	17, // 46: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	17, // 47: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 48: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	3,  // 49: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	24, // 50: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	26, // 51: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	28, // 52: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	31, // 53: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	33, // 54: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	35, // 55: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	37, // 56: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
+	39, // 57: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
+	40, // 58: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
+	42, // [42:59] is the sub-list for method output_type
+	25, // [25:42] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -3005,7 +3093,7 @@ func file_tokenserver_v1_tokenserver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_v1_tokenserver_proto_rawDesc), len(file_tokenserver_v1_tokenserver_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

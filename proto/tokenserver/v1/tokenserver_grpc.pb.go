@@ -364,6 +364,7 @@ const (
 	AdminService_NodeStatus_FullMethodName      = "/tokenserver.v1.AdminService/NodeStatus"
 	AdminService_JoinCluster_FullMethodName     = "/tokenserver.v1.AdminService/JoinCluster"
 	AdminService_RemoveMember_FullMethodName    = "/tokenserver.v1.AdminService/RemoveMember"
+	AdminService_DrainMember_FullMethodName     = "/tokenserver.v1.AdminService/DrainMember"
 	AdminService_SnapshotSave_FullMethodName    = "/tokenserver.v1.AdminService/SnapshotSave"
 	AdminService_SnapshotRestore_FullMethodName = "/tokenserver.v1.AdminService/SnapshotRestore"
 )
@@ -391,11 +392,21 @@ type AdminServiceClient interface {
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
 	// NodeStatus describes the answering node alone.
 	NodeStatus(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatusResponse, error)
-	// JoinCluster adds a node: a voter while there are fewer than 5, else a
-	// non-voter. Joining again with the same addresses changes nothing.
+	// JoinCluster adds a node as a non-voter once its Raft address answers
+	// as that node id (FailedPrecondition otherwise); autopilot promotes it
+	// to voter after it has stayed healthy for the stabilization time, up to
+	// the cluster's max voters. Joining again with the same addresses changes
+	// nothing; an id already in with another address replaces the old member
+	// only once that one has been unreachable for the stabilization time.
 	JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error)
-	// RemoveMember takes a node out of the cluster.
+	// RemoveMember takes a node out of the cluster. Removing the last voter,
+	// or a voter without which fewer than a quorum of the voters left answer,
+	// is FailedPrecondition.
 	RemoveMember(ctx context.Context, in *RemoveMemberRequest, opts ...grpc.CallOption) (*RemoveMemberResponse, error)
+	// DrainMember takes a member out of the routing view (its keys move to
+	// their next owners) until it registers again on its next start. A node
+	// calls it for itself on SIGTERM before it stops answering.
+	DrainMember(ctx context.Context, in *DrainMemberRequest, opts ...grpc.CallOption) (*DrainMemberResponse, error)
 	// SnapshotSave streams a Raft snapshot of the current state (taken on the
 	// leader): the rule table, with the membership it was taken in.
 	SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
@@ -493,6 +504,16 @@ func (c *adminServiceClient) RemoveMember(ctx context.Context, in *RemoveMemberR
 	return out, nil
 }
 
+func (c *adminServiceClient) DrainMember(ctx context.Context, in *DrainMemberRequest, opts ...grpc.CallOption) (*DrainMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainMemberResponse)
+	err := c.cc.Invoke(ctx, AdminService_DrainMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_SnapshotSave_FullMethodName, cOpts...)
@@ -548,11 +569,21 @@ type AdminServiceServer interface {
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
 	// NodeStatus describes the answering node alone.
 	NodeStatus(context.Context, *NodeStatusRequest) (*NodeStatusResponse, error)
-	// JoinCluster adds a node: a voter while there are fewer than 5, else a
-	// non-voter. Joining again with the same addresses changes nothing.
+	// JoinCluster adds a node as a non-voter once its Raft address answers
+	// as that node id (FailedPrecondition otherwise); autopilot promotes it
+	// to voter after it has stayed healthy for the stabilization time, up to
+	// the cluster's max voters. Joining again with the same addresses changes
+	// nothing; an id already in with another address replaces the old member
+	// only once that one has been unreachable for the stabilization time.
 	JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error)
-	// RemoveMember takes a node out of the cluster.
+	// RemoveMember takes a node out of the cluster. Removing the last voter,
+	// or a voter without which fewer than a quorum of the voters left answer,
+	// is FailedPrecondition.
 	RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error)
+	// DrainMember takes a member out of the routing view (its keys move to
+	// their next owners) until it registers again on its next start. A node
+	// calls it for itself on SIGTERM before it stops answering.
+	DrainMember(context.Context, *DrainMemberRequest) (*DrainMemberResponse, error)
 	// SnapshotSave streams a Raft snapshot of the current state (taken on the
 	// leader): the rule table, with the membership it was taken in.
 	SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
@@ -593,6 +624,9 @@ func (UnimplementedAdminServiceServer) JoinCluster(context.Context, *JoinCluster
 }
 func (UnimplementedAdminServiceServer) RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveMember not implemented")
+}
+func (UnimplementedAdminServiceServer) DrainMember(context.Context, *DrainMemberRequest) (*DrainMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainMember not implemented")
 }
 func (UnimplementedAdminServiceServer) SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Error(codes.Unimplemented, "method SnapshotSave not implemented")
@@ -765,6 +799,24 @@ func _AdminService_RemoveMember_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DrainMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DrainMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DrainMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DrainMember(ctx, req.(*DrainMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_SnapshotSave_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(SnapshotSaveRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -821,6 +873,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveMember",
 			Handler:    _AdminService_RemoveMember_Handler,
+		},
+		{
+			MethodName: "DrainMember",
+			Handler:    _AdminService_DrainMember_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
