@@ -1,7 +1,9 @@
 package rule
 
 import (
+	"fmt"
 	"sort"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
@@ -22,6 +24,13 @@ type Compiled struct {
 	// Stats counts the rule's decisions on this node; it is shared by every
 	// version of the rule of that name.
 	Stats *Stats
+	// Bytes counts the memory of the rule's live buckets on this node,
+	// shared like KeyCount (internal/shard keeps it).
+	Bytes *atomic.Int64
+
+	// next is the version that replaced this one (or deleted when the
+	// rule was deleted); nil while this version is current.
+	next atomic.Pointer[Compiled]
 
 	overrides map[string]*bucket.Config
 	deny      map[string]struct{}
@@ -33,12 +42,12 @@ type Compiled struct {
 // KeyCount.
 func Compile(r *Rule, prev *Compiled) *Compiled {
 	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys(), Stats: new(Stats)}
-	if prev != nil && prev.Rule.Generation == r.Generation {
-		c.KeyCount = prev.KeyCount
+	if prev != nil && prev.Rule != nil && prev.Rule.Generation == r.Generation {
+		c.KeyCount, c.Bytes = prev.KeyCount, prev.Bytes
 	} else {
-		c.KeyCount = new(atomic.Int64)
+		c.KeyCount, c.Bytes = new(atomic.Int64), new(atomic.Int64)
 	}
-	if prev != nil {
+	if prev != nil && prev.Stats != nil {
 		c.Stats = prev.Stats
 	}
 	if len(r.Overrides) > 0 {
@@ -62,6 +71,32 @@ func set(keys []string) map[string]struct{} {
 		m[k] = struct{}{}
 	}
 	return m
+}
+
+// deleted is the successor of a rule version whose rule was deleted.
+var deleted = &Compiled{}
+
+// Latest returns the current version of c's rule as far as this node has
+// applied: c itself, or the version that replaced it, or nil when the rule
+// was deleted since. Requests that loaded an older table call it so that
+// they are never judged by a superseded version. It does not allocate.
+func (c *Compiled) Latest() *Compiled {
+	for {
+		n := c.next.Load()
+		if n == nil {
+			return c
+		}
+		if n == deleted {
+			return nil
+		}
+		c = n
+	}
+}
+
+// ErrDeleted is returned for a request whose rule was deleted while it was
+// in flight; it is ErrNotFound.
+func ErrDeleted(name string) error {
+	return fmt.Errorf("rule %q was deleted: %w", name, ErrNotFound)
 }
 
 // Stats counts decisions; the server exports them as metrics.
@@ -101,14 +136,35 @@ type Table struct {
 	Version uint64
 	rules   map[string]*Compiled
 	changed chan struct{}
+
+	sortOnce sync.Once
+	sorted   []*Rule // by name, built on first use
 }
 
-// NewTable compiles rules into a table at version v, reusing the key counts
-// of prev's rules of the same generation. prev may be nil.
+// NewTable makes the table of rules at version v. A rule of prev at the same
+// version and generation keeps its compiled form (so a write compiles only
+// what changed); others are compiled, reusing the key counts of prev's
+// rules of the same generation. prev's versions that are replaced or gone
+// learn their successor (see Compiled.Latest). prev may be nil.
 func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 	t := &Table{Version: v, rules: make(map[string]*Compiled, len(rules)), changed: make(chan struct{})}
 	for _, r := range rules {
-		t.rules[r.Name] = Compile(r, prev.Get(r.Name))
+		p := prev.Get(r.Name)
+		if p != nil && (p.Rule == r || p.Rule.Version == r.Version && p.Rule.Generation == r.Generation && r.Version != 0) {
+			t.rules[r.Name] = p
+			continue
+		}
+		t.rules[r.Name] = Compile(r, p)
+	}
+	if prev != nil {
+		for name, p := range prev.rules {
+			switch n := t.rules[name]; {
+			case n == nil:
+				p.next.Store(deleted)
+			case n != p:
+				p.next.Store(n)
+			}
+		}
 	}
 	return t
 }
@@ -129,17 +185,40 @@ func (t *Table) Len() int {
 	return len(t.rules)
 }
 
-// Rules returns the rules sorted by name.
+// Rules returns the rules sorted by name, in a new slice (the sort is done
+// once per table). Do not modify the rules.
 func (t *Table) Rules() []*Rule {
 	if t == nil {
 		return nil
 	}
-	out := make([]*Rule, 0, len(t.rules))
-	for _, c := range t.rules {
-		out = append(out, c.Rule)
+	return append([]*Rule(nil), t.sortedRules()...)
+}
+
+func (t *Table) sortedRules() []*Rule {
+	t.sortOnce.Do(func() {
+		out := make([]*Rule, 0, len(t.rules))
+		for _, c := range t.rules {
+			out = append(out, c.Rule)
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+		t.sorted = out
+	})
+	return t.sorted
+}
+
+// Page returns up to n rules (n <= 0: all) sorted by name, starting after
+// the name after (empty: from the first), and whether more follow.
+func (t *Table) Page(after string, n int) (rules []*Rule, more bool) {
+	if t == nil {
+		return nil, false
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
+	all := t.sortedRules()
+	i := sort.Search(len(all), func(i int) bool { return all[i].Name > after })
+	all = all[i:]
+	if n > 0 && len(all) > n {
+		return append([]*Rule(nil), all[:n]...), true
+	}
+	return append([]*Rule(nil), all...), false
 }
 
 // Changed is closed when a newer table replaces this one.

@@ -58,6 +58,9 @@ type Decision struct {
 	// ShadowDenied is set in a shadow rule when the real decision was a
 	// denial (Allowed is then true).
 	ShadowDenied bool
+	// Rule is the rule version that decided: the caller's, or a newer one
+	// the key's bucket had already moved to.
+	Rule *rule.Compiled
 }
 
 // Config configures a Map.
@@ -91,6 +94,8 @@ type Map struct {
 	live       atomic.Int64
 	evicted    atomic.Int64
 	capDenials atomic.Int64
+	// dropped is the highest grant nonce of a dropped bucket.
+	dropped atomic.Uint64
 }
 
 type shard struct {
@@ -112,9 +117,10 @@ type entry struct {
 	seq uint64
 	// key is the bucket key: rule name, NUL, key. Immutable.
 	key string
-	// created is when the bucket was made: grants made before it belong to
-	// an earlier bucket of the key and give nothing back. Immutable.
-	created int64
+	// first is the bucket's first grant nonce: above every nonce of the
+	// buckets dropped before it was made, so that a grant of an earlier
+	// bucket of the key gives nothing back here. Immutable.
+	first uint64
 	b       bucket.Bucket
 	// rule is the compiled rule version the bucket was last judged by; it
 	// only moves to newer versions. nil once the entry left the index (a
@@ -200,7 +206,8 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 		sh.mu.Unlock()
 		return nil, err
 	}
-	e := &entry{key: string(bk), seq: uint64(now), created: now, b: bucket.New(cfg, now), rule: c}
+	first := max(uint64(now), m.dropped.Load()+1)
+	e := &entry{key: string(bk), seq: first - 1, first: first, b: bucket.New(cfg, now), rule: c}
 	e.mu.Lock()
 	sh.insert(m.seed, h, e)
 	sh.mu.Unlock()
@@ -254,16 +261,22 @@ func (m *Map) AcquireLease(c *rule.Compiled, key string, want int64, now int64) 
 }
 
 func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bool, now int64) (Decision, error) {
+	if l := c.Latest(); l != c {
+		if l == nil {
+			return Decision{}, rule.ErrDeleted(c.Rule.Name)
+		}
+		c = l
+	}
 	cfg := c.ConfigFor(key)
 	if err := CheckRequest(cfg, req); err != nil {
 		return Decision{}, err
 	}
 	if c.Allowed(key) {
-		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList}, nil
+		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
 	}
 	var d Decision
 	if c.Denied(key) {
-		d = Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList}
+		d = Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList, Rule: c}
 		shadow(c, &d, req)
 		return d, nil
 	}
@@ -273,11 +286,24 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	var e *entry
 	if req.Permits == 0 { // a peek creates nothing
 		if e = m.lookup(sh, h, bk); e == nil {
-			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit}, nil
+			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit, Rule: c}, nil
 		}
 	} else {
 		var err error
 		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+			return Decision{}, err
+		}
+	}
+	// Look again under the bucket's lock: a sweep drops a bucket of a gone
+	// rule only after the rule learnt its successor, so this sees it.
+	if l := c.Latest(); l != c {
+		if l == nil {
+			e.mu.Unlock()
+			return Decision{}, rule.ErrDeleted(c.Rule.Name)
+		}
+		c, cfg = l, l.ConfigFor(key)
+		if err := CheckRequest(cfg, req); err != nil {
+			e.mu.Unlock()
 			return Decision{}, err
 		}
 	}
@@ -298,6 +324,7 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		d.Result, d.Reason = e.b.Acquire(cfg, now, bucket.Request{}), ReasonPenalty
 		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now
 		e.mu.Unlock()
+		d.Rule = c
 		shadow(c, &d, req)
 		return d, nil
 	}
@@ -322,6 +349,7 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: d.Granted}
 		d.Grant.Sum = sum(m.seed, bk, c.Rule.Generation, d.Grant)
 	}
+	d.Rule = c
 	shadow(c, &d, req)
 	return d, nil
 }
@@ -432,6 +460,12 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	if permits < 0 || permits > g.Permits {
 		permits = g.Permits
 	}
+	if l := c.Latest(); l != c {
+		if l == nil {
+			return 0, 0, rule.ErrDeleted(c.Rule.Name)
+		}
+		c = l
+	}
 	cfg := c.ConfigFor(key)
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
@@ -453,7 +487,7 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 		return 0, 0, err
 	}
 	cfg = c.ConfigFor(key)
-	if g.IssuedAt < e.created {
+	if g.Nonce < e.first {
 		// The grant belongs to an earlier bucket of the key, evicted
 		// since (back at its initial state): nothing of it is here.
 		return 0, e.b.Acquire(cfg, now, bucket.Request{}).Remaining, nil
@@ -548,6 +582,12 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	if err != nil {
 		return false, err
 	}
+	if l := c.Latest(); l != c {
+		if l == nil {
+			return false, rule.ErrDeleted(c.Rule.Name)
+		}
+		c = l
+	}
 	cfg := c.ConfigFor(key)
 	if cfg.Algorithm != bucket.Concurrency {
 		return false, rule.Invalid("rule %q is %s: only concurrency leases are renewed", c.Rule.Name, cfg.Algorithm)
@@ -563,7 +603,7 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 		return false, nil
 	}
 	defer e.mu.Unlock()
-	if e.rule.Rule.Generation != c.Rule.Generation || g.IssuedAt < e.created {
+	if e.rule.Rule.Generation != c.Rule.Generation || g.Nonce < e.first {
 		return false, nil // a lease of an earlier bucket of the key
 	}
 	c, _ = m.resolve(e, c, key, now) // same generation: never fails
@@ -607,6 +647,8 @@ func (m *Map) drop(sh *shard, e *entry) {
 	m.live.Add(-1)
 	e.rule.KeyCount.Add(-1)
 	e.rule = nil
+	for d := m.dropped.Load(); d < e.seq && !m.dropped.CompareAndSwap(d, e.seq); d = m.dropped.Load() {
+	}
 	m.evicted.Add(1)
 }
 
