@@ -121,7 +121,7 @@ type entry struct {
 	// buckets dropped before it was made, so that a grant of an earlier
 	// bucket of the key gives nothing back here. Immutable.
 	first uint64
-	b       bucket.Bucket
+	b     bucket.Bucket
 	// rule is the compiled rule version the bucket was last judged by; it
 	// only moves to newer versions. nil once the entry left the index (a
 	// lookup that finds such a dead entry looks again).
