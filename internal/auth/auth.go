@@ -1,0 +1,434 @@
+// Package auth authenticates gRPC callers by their mTLS certificate or bearer token and authorizes each method by role.
+package auth
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Source is where a principal's identity comes from.
+type Source uint8
+
+// The sources of principals.
+const (
+	// SourceCertificate is a verified client certificate.
+	SourceCertificate Source = iota + 1
+	// SourceToken is a bearer token listed in the token file.
+	SourceToken
+	// SourcePeer is another node's peer certificate.
+	SourcePeer
+)
+
+// String names s.
+func (s Source) String() string {
+	switch s {
+	case SourceCertificate:
+		return "certificate"
+	case SourceToken:
+		return "token"
+	case SourcePeer:
+		return "peer"
+	}
+	return "none"
+}
+
+// Principal is an authenticated caller. Principals are shared between
+// calls: never modify one.
+type Principal struct {
+	// Name identifies the caller: a certificate's URI SAN, DNS SAN or CN,
+	// a token file's PRINCIPAL, or "node:ID" for a peer.
+	Name string
+	// Roles are the roles granted (before implication: admin implies all,
+	// editor implies viewer).
+	Roles Role
+	// Source is where the identity comes from.
+	Source Source
+	// NodeID is a peer's node id as its certificate names it ("" when it
+	// names none, or for other sources).
+	NodeID string
+
+	have Role // Roles expanded
+}
+
+// Has reports whether p holds role r, directly or by implication.
+func (p *Principal) Has(r Role) bool { return p != nil && p.have&r == r }
+
+// IsPeer reports whether p is another node.
+func (p *Principal) IsPeer() bool { return p != nil && p.Source == SourcePeer }
+
+// String is "source:name", for logs.
+func (p *Principal) String() string {
+	if p == nil {
+		return "anonymous"
+	}
+	return p.Source.String() + ":" + p.Name
+}
+
+func newPrincipal(name string, roles Role, src Source) *Principal {
+	return &Principal{Name: name, Roles: roles, Source: src, have: roles.expand()}
+}
+
+type principalKey struct{}
+
+// NewContext returns ctx carrying p.
+func NewContext(ctx context.Context, p *Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// FromContext returns the principal Authorize put in ctx (nil, false when
+// auth is off or the method is open).
+func FromContext(ctx context.Context) (*Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(*Principal)
+	return p, ok && p != nil
+}
+
+// IsPeer reports whether the call in ctx comes from another node: its
+// connection's client certificate is a peer certificate (see
+// tlsutil.Reloader.PeerID), as recorded by Authorize or by
+// ServerCredentials. The forwarded marker counts only when it is true.
+func IsPeer(ctx context.Context) bool {
+	if p, ok := FromContext(ctx); ok {
+		return p.IsPeer()
+	}
+	if pr, ok := peer.FromContext(ctx); ok {
+		if ai, ok := pr.AuthInfo.(AuthInfo); ok {
+			return ai.Principal.IsPeer()
+		}
+	}
+	return false
+}
+
+// PeerChecker tells peer certificates from others; *tlsutil.Reloader is
+// one.
+type PeerChecker interface {
+	// PeerID reports whether the connection's verified client certificate
+	// is a peer's, and the node id it names.
+	PeerID(cs *tls.ConnectionState) (string, bool)
+}
+
+// AuthInfo is the credentials.AuthInfo of connections accepted through
+// ServerCredentials: the TLS state and the connection's principal,
+// computed once at the handshake.
+type AuthInfo struct {
+	credentials.TLSInfo
+	// Principal is the client certificate's principal, a peer's, or nil
+	// when the client sent no certificate.
+	Principal *Principal
+}
+
+// ServerCredentials are gRPC transport credentials over cfg (typically
+// tlsutil.Reloader.ServerConfig) that identify each connection's client
+// certificate once at the handshake, so that per-call authorization costs
+// no certificate parsing. peers may be nil (no peer is recognized).
+func ServerCredentials(cfg *tls.Config, peers PeerChecker) credentials.TransportCredentials {
+	return &serverCreds{TransportCredentials: credentials.NewTLS(cfg), peers: peers}
+}
+
+type serverCreds struct {
+	credentials.TransportCredentials
+	peers PeerChecker
+}
+
+func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, ai, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return conn, ai, err
+	}
+	ti, ok := ai.(credentials.TLSInfo)
+	if !ok {
+		return conn, ai, nil
+	}
+	return conn, AuthInfo{TLSInfo: ti, Principal: identify(&ti.State, c.peers)}, nil
+}
+
+func (c *serverCreds) Clone() credentials.TransportCredentials {
+	return &serverCreds{TransportCredentials: c.TransportCredentials.Clone(), peers: c.peers}
+}
+
+// identify returns the principal of a connection's verified client
+// certificate: a peer with every role, or a client whose name is the
+// certificate's first URI SAN, else its first DNS SAN, else its CN, and
+// whose roles are the subject's OU values that name roles.
+func identify(cs *tls.ConnectionState, peers PeerChecker) *Principal {
+	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	if peers != nil {
+		if id, ok := peers.PeerID(cs); ok {
+			name := "node:" + id
+			if id == "" {
+				name = "node:" + cs.VerifiedChains[0][0].Subject.CommonName
+			}
+			p := newPrincipal(name, AllRoles, SourcePeer)
+			p.NodeID = id
+			return p
+		}
+	}
+	return certPrincipal(cs.VerifiedChains[0][0])
+}
+
+func certPrincipal(c *x509.Certificate) *Principal {
+	var name string
+	switch {
+	case len(c.URIs) > 0:
+		name = c.URIs[0].String()
+	case len(c.DNSNames) > 0:
+		name = c.DNSNames[0]
+	default:
+		name = c.Subject.CommonName
+	}
+	var roles Role
+	for _, ou := range c.Subject.OrganizationalUnit {
+		if r, err := ParseRole(ou); err == nil {
+			roles |= r
+		}
+	}
+	return newPrincipal(name, roles, SourceCertificate)
+}
+
+// Options configures an Authenticator.
+type Options struct {
+	// TokenFile is the --auth-tokens file ("" for no tokens).
+	TokenFile string
+	// ClientCerts says that client certificates authenticate callers
+	// (--tls-client-ca is set).
+	ClientCerts bool
+	// Peers recognizes peer certificates when connections do not come
+	// through ServerCredentials; nil leaves that to ServerCredentials.
+	Peers PeerChecker
+	// ReloadInterval is how often the token file is looked at (5 s when 0;
+	// below 0 never).
+	ReloadInterval time.Duration
+	// Logger receives token file reloads; nil discards.
+	Logger *slog.Logger
+}
+
+// Authenticator decides who a call comes from and whether it may run. With
+// neither a token file nor client certificates it is disabled: every call
+// runs, as before auth existed. It is safe for simultaneous use.
+type Authenticator struct {
+	o       Options
+	log     *slog.Logger
+	enabled bool
+	tokens  atomic.Pointer[tokenTable]
+
+	mu         sync.Mutex // serializes reloads
+	digest     [32]byte   // of the token file's content in use
+	lastFailed [32]byte
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New loads the token file, if any, and polls it for changes until Close.
+func New(o Options) (*Authenticator, error) {
+	a := &Authenticator{o: o, log: o.Logger, enabled: o.TokenFile != "" || o.ClientCerts, stop: make(chan struct{})}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	empty := tokenTable{}
+	a.tokens.Store(&empty)
+	if o.TokenFile != "" {
+		t, d, err := readTokens(o.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--auth-tokens: %w", err)
+		}
+		a.tokens.Store(&t)
+		a.digest = d
+		interval := o.ReloadInterval
+		if interval == 0 {
+			interval = 5 * time.Second
+		}
+		if interval > 0 {
+			a.wg.Add(1)
+			go a.poll(interval)
+		}
+	}
+	return a, nil
+}
+
+// Enabled reports whether calls are checked.
+func (a *Authenticator) Enabled() bool { return a.enabled }
+
+// Close stops polling the token file.
+func (a *Authenticator) Close() {
+	a.stopOnce.Do(func() { close(a.stop) })
+	a.wg.Wait()
+}
+
+func (a *Authenticator) poll(interval time.Duration) {
+	defer a.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+			if err := a.Reload(); err != nil {
+				a.log.Warn("auth: token file reload failed; the previous tokens stay", "error", err)
+			}
+		}
+	}
+}
+
+// Reload re-reads the token file now; on an error the previous tokens
+// stay.
+func (a *Authenticator) Reload() error {
+	if a.o.TokenFile == "" {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, d, err := readTokens(a.o.TokenFile)
+	if d == a.digest || (err != nil && d == a.lastFailed) {
+		return nil
+	}
+	if err != nil {
+		a.lastFailed = d
+		return err
+	}
+	a.tokens.Store(&t)
+	a.digest = d
+	a.log.Info("auth: token file loaded", "file", a.o.TokenFile, "tokens", len(t))
+	return nil
+}
+
+// Errors of Authorize.
+var (
+	errNoCredential = status.Error(codes.Unauthenticated,
+		"no credential: send a client certificate of the client CA or an `authorization: Bearer TOKEN` header")
+	errBadToken  = status.Error(codes.Unauthenticated, "the bearer token is not in the server's token file")
+	errBadHeader = status.Error(codes.Unauthenticated, "the authorization header must be `Bearer TOKEN`")
+)
+
+// Authorize finds the principal of the call to fullMethod in ctx and checks
+// that it holds the method's role. It returns ctx carrying the principal
+// (FromContext), or a status error: Unauthenticated without a valid
+// credential, PermissionDenied naming the missing role. Order: a peer
+// certificate (every role); else a bearer token, which decides when
+// present; else a client certificate. Health checks are open; reflection
+// needs any principal; a method it does not know needs admin.
+func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (context.Context, error) {
+	if !a.enabled {
+		return ctx, nil
+	}
+	m := rule(fullMethod)
+	if m.access == accessOpen {
+		return ctx, nil
+	}
+	p, err := a.principal(ctx)
+	if err != nil {
+		return ctx, err
+	}
+	if m.access == accessRole && !p.Has(m.role) {
+		return ctx, status.Errorf(codes.PermissionDenied, "%s lacks role %s for %s", p, m.role, fullMethod)
+	}
+	return context.WithValue(ctx, principalKey{}, p), nil
+}
+
+func (a *Authenticator) principal(ctx context.Context) (*Principal, error) {
+	var cert *Principal
+	if pr, ok := peer.FromContext(ctx); ok {
+		switch ai := pr.AuthInfo.(type) {
+		case AuthInfo:
+			cert = ai.Principal
+		case credentials.TLSInfo:
+			cert = identify(&ai.State, a.o.Peers)
+		}
+	}
+	if cert.IsPeer() {
+		return cert, nil
+	}
+	if a.o.TokenFile != "" {
+		if v := metadata.ValueFromIncomingContext(ctx, "authorization"); len(v) > 0 {
+			return a.token(v[0])
+		}
+	}
+	if cert != nil && a.o.ClientCerts {
+		return cert, nil
+	}
+	return nil, errNoCredential
+}
+
+// token looks up a bearer token by its SHA-256 digest. Only digests are
+// compared: the time a lookup takes depends on the digest of the caller's
+// guess, which tells nothing about any stored token (finding a token from
+// a digest prefix is a preimage attack), so the comparison is constant-time
+// with respect to the secrets. The file holds digests only.
+func (a *Authenticator) token(header string) (*Principal, error) {
+	const prefix = "bearer "
+	if len(header) <= len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
+		return nil, errBadHeader
+	}
+	tok := strings.TrimSpace(header[len(prefix):])
+	// Hash the string's bytes in place: no copy, no allocation.
+	d := sha256.Sum256(unsafe.Slice(unsafe.StringData(tok), len(tok)))
+	if p, ok := (*a.tokens.Load())[d]; ok {
+		return p, nil
+	}
+	return nil, errBadToken
+}
+
+// UnaryInterceptor authorizes unary calls (for a server with no unary
+// interceptor of its own; otherwise call Authorize from it).
+func (a *Authenticator) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx, err := a.Authorize(ctx, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamInterceptor authorizes streaming calls.
+func (a *Authenticator) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, err := a.Authorize(ss.Context(), info.FullMethod)
+		if err != nil {
+			return err
+		}
+		return handler(srv, &principalStream{ServerStream: ss, ctx: ctx})
+	}
+}
+
+type principalStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *principalStream) Context() context.Context { return s.ctx }
+
+// BearerToken is gRPC per-RPC credentials sending `authorization: Bearer
+// token`; with requireTLS it refuses to send the token over plaintext.
+type BearerToken struct {
+	Token      string
+	RequireTLS bool
+}
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.Token}, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (b BearerToken) RequireTransportSecurity() bool { return b.RequireTLS }
