@@ -1,9 +1,11 @@
 package shard
 
 import (
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
-	"hash/maphash"
+	"fmt"
+	"math/bits"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
 )
@@ -11,29 +13,38 @@ import (
 // Grant names one successful acquire so that RefillToken and RenewLease can
 // find it again without the node storing every grant: it carries what the
 // bucket needs (when it was made, how many permits it took, its lease id)
-// and a keyed hash over those and the (rule generation, key) it belongs to,
-// so a grant id cannot be forged, altered, or used for another key.
+// and a tag over those and the (rule generation, key) it belongs to, so a
+// grant id cannot be forged, altered, or used for another key.
 //
-// The hash is hash/maphash with a seed made at start: it is not a
-// cryptographic MAC, but its seed never leaves the process, so guessing a
-// valid id takes about 2^64 tries. Grant ids die with the process, and with
-// the key's move to another owner; a refill of such a grant changes nothing.
+// The tag is SipHash-2-4, a keyed PRF made for short inputs, under a
+// 128-bit key drawn from crypto/rand when the Map is made; it never leaves
+// the process, so a forged id passes with probability 2^-64 per try. The
+// nonce and time travel masked by SipHash of the tag under two more keys (a
+// synthetic-IV construction): an id reveals nothing of the node's clock or
+// of how many grants the node made; only the permits, which the caller
+// knows, are in clear. Grant ids die with the process, and with the key's move to
+// another owner; a refill of such a grant changes nothing.
 type Grant struct {
-	// Nonce is unique among the node's grants; it is a concurrency lease's id.
+	// Nonce is unique among the bucket's grants; it is a concurrency
+	// lease's id.
 	Nonce uint64
 	// IssuedAt is the node's monotonic time of the grant, in nanoseconds.
 	IssuedAt int64
 	// Permits is the number of permits granted.
 	Permits int64
-	// Sum is the keyed hash.
+	// Sum is the tag.
 	Sum uint64
+
+	// mask hides Nonce and IssuedAt in the encoded id (zero: in clear, as
+	// ParseGrant returns them until the Map opens them).
+	mask [2]uint64
 }
 
 // grantVersion is the first byte of an encoded grant id.
-const grantVersion = 1
+const grantVersion = 2
 
 // IsZero reports whether g names no grant.
-func (g Grant) IsZero() bool { return g.Nonce == 0 }
+func (g Grant) IsZero() bool { return g.Nonce == 0 && g.Sum == 0 }
 
 // String encodes g as a grant id: URL-safe base64 without padding, "" for
 // the zero Grant.
@@ -46,7 +57,9 @@ func (g Grant) String() string {
 }
 
 // GrantIDLen is the length of an encoded grant id.
-var GrantIDLen = base64.RawURLEncoding.EncodedLen(33)
+var GrantIDLen = base64.RawURLEncoding.EncodedLen(grantRawLen)
+
+const grantRawLen = 1 + 8 + 8 + 8 + 8
 
 // Append appends g's grant id (see String) to b, so that a batch can encode
 // all its ids into one buffer.
@@ -54,21 +67,22 @@ func (g Grant) Append(b []byte) []byte {
 	if g.IsZero() {
 		return b
 	}
-	var raw [1 + 8 + 8 + 8 + 8]byte
+	var raw [grantRawLen]byte
 	raw[0] = grantVersion
-	binary.BigEndian.PutUint64(raw[1:], g.Nonce)
-	binary.BigEndian.PutUint64(raw[9:], uint64(g.IssuedAt))
+	binary.BigEndian.PutUint64(raw[1:], g.Nonce^g.mask[0])
+	binary.BigEndian.PutUint64(raw[9:], uint64(g.IssuedAt)^g.mask[1])
 	binary.BigEndian.PutUint64(raw[17:], uint64(g.Permits))
 	binary.BigEndian.PutUint64(raw[25:], g.Sum)
 	return base64.RawURLEncoding.AppendEncode(b, raw[:])
 }
 
-// ParseGrant decodes a grant id made by Grant.String; the result is not yet
-// verified against a rule and key.
+// ParseGrant decodes the envelope of a grant id made by Grant.String; its
+// fields are still masked, and it is not yet verified against a rule and key
+// (the Map that made it does both).
 func ParseGrant(s string) (Grant, error) {
-	var raw [1 + 8 + 8 + 8 + 8]byte
-	if base64.RawURLEncoding.DecodedLen(len(s)) != len(raw) {
-		return Grant{}, rule.Invalid("grant_id %q is malformed: wrong length", s)
+	var raw [grantRawLen]byte
+	if len(s) != GrantIDLen {
+		return Grant{}, rule.Invalid("grant_id is malformed: %d characters, want %d", len(s), GrantIDLen)
 	}
 	if _, err := base64.RawURLEncoding.Decode(raw[:], []byte(s)); err != nil {
 		return Grant{}, rule.Invalid("grant_id %q is malformed: %v", s, err)
@@ -76,26 +90,129 @@ func ParseGrant(s string) (Grant, error) {
 	if raw[0] != grantVersion {
 		return Grant{}, rule.Invalid("grant_id %q is malformed: unknown version %d", s, raw[0])
 	}
-	g := Grant{
+	return Grant{
 		Nonce:    binary.BigEndian.Uint64(raw[1:]),
 		IssuedAt: int64(binary.BigEndian.Uint64(raw[9:])),
 		Permits:  int64(binary.BigEndian.Uint64(raw[17:])),
 		Sum:      binary.BigEndian.Uint64(raw[25:]),
-	}
-	if g.Nonce == 0 || g.Permits <= 0 {
-		return Grant{}, rule.Invalid("grant_id %q is malformed: empty grant", s)
-	}
-	return g, nil
+	}, nil
 }
 
-// sum computes the keyed hash of g for the bucket key bk (rule, key) and the
-// rule generation: one maphash.Bytes call over the fields and bk.
-func sum(seed maphash.Seed, bk []byte, gen uint64, g Grant) uint64 {
+// grantKeys are a Map's SipHash keys: one for the tag, one per mask.
+type grantKeys struct {
+	tag  [2]uint64
+	mask [2][2]uint64
+}
+
+func newGrantKeys() grantKeys {
+	var b [48]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("shard: no randomness for grant keys: %v", err))
+	}
+	u := func(i int) uint64 { return binary.LittleEndian.Uint64(b[8*i:]) }
+	return grantKeys{tag: [2]uint64{u(0), u(1)}, mask: [2][2]uint64{{u(2), u(3)}, {u(4), u(5)}}}
+}
+
+// seal sets g's tag for the bucket key bk and rule generation, and its
+// masks.
+func (k *grantKeys) seal(g *Grant, bk []byte, gen uint64) {
+	g.Sum = k.tagOf(bk, gen, g)
+	g.mask = k.masks(g.Sum)
+}
+
+// open unmasks a parsed grant and reports whether its tag matches bk and
+// gen; a grant that does not match is not one of this Map's for that key.
+func (k *grantKeys) open(g *Grant, bk []byte, gen uint64) bool {
+	m := k.masks(g.Sum)
+	g.Nonce ^= m[0]
+	g.IssuedAt ^= int64(m[1])
+	return k.tagOf(bk, gen, g) == g.Sum && g.Nonce != 0 && g.Permits > 0
+}
+
+func (k *grantKeys) tagOf(bk []byte, gen uint64, g *Grant) uint64 {
 	var arr [32 + rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	b := binary.LittleEndian.AppendUint64(arr[:0], gen)
 	b = binary.LittleEndian.AppendUint64(b, g.Nonce)
 	b = binary.LittleEndian.AppendUint64(b, uint64(g.IssuedAt))
 	b = binary.LittleEndian.AppendUint64(b, uint64(g.Permits))
 	b = append(b, bk...)
-	return maphash.Bytes(seed, b)
+	return siphash(k.tag[0], k.tag[1], b)
+}
+
+func (k *grantKeys) masks(tag uint64) [2]uint64 {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], tag)
+	return [2]uint64{siphash(k.mask[0][0], k.mask[0][1], b[:]), siphash(k.mask[1][0], k.mask[1][1], b[:])}
+}
+
+// siphash is SipHash-2-4 (Aumasson and Bernstein) of p under the key
+// (k0, k1), as in the reference implementation.
+func siphash(k0, k1 uint64, p []byte) uint64 {
+	v0 := k0 ^ 0x736f6d6570736575
+	v1 := k1 ^ 0x646f72616e646f6d
+	v2 := k0 ^ 0x6c7967656e657261
+	v3 := k1 ^ 0x7465646279746573
+	n := len(p)
+	for len(p) >= 8 {
+		m := binary.LittleEndian.Uint64(p)
+		v3 ^= m
+		for range 2 {
+			v0 += v1
+			v1 = bits.RotateLeft64(v1, 13)
+			v1 ^= v0
+			v0 = bits.RotateLeft64(v0, 32)
+			v2 += v3
+			v3 = bits.RotateLeft64(v3, 16)
+			v3 ^= v2
+			v0 += v3
+			v3 = bits.RotateLeft64(v3, 21)
+			v3 ^= v0
+			v2 += v1
+			v1 = bits.RotateLeft64(v1, 17)
+			v1 ^= v2
+			v2 = bits.RotateLeft64(v2, 32)
+		}
+		v0 ^= m
+		p = p[8:]
+	}
+	var last [8]byte
+	copy(last[:], p)
+	last[7] = byte(n)
+	m := binary.LittleEndian.Uint64(last[:])
+	v3 ^= m
+	for range 2 {
+		v0 += v1
+		v1 = bits.RotateLeft64(v1, 13)
+		v1 ^= v0
+		v0 = bits.RotateLeft64(v0, 32)
+		v2 += v3
+		v3 = bits.RotateLeft64(v3, 16)
+		v3 ^= v2
+		v0 += v3
+		v3 = bits.RotateLeft64(v3, 21)
+		v3 ^= v0
+		v2 += v1
+		v1 = bits.RotateLeft64(v1, 17)
+		v1 ^= v2
+		v2 = bits.RotateLeft64(v2, 32)
+	}
+	v0 ^= m
+	v2 ^= 0xff
+	for range 4 {
+		v0 += v1
+		v1 = bits.RotateLeft64(v1, 13)
+		v1 ^= v0
+		v0 = bits.RotateLeft64(v0, 32)
+		v2 += v3
+		v3 = bits.RotateLeft64(v3, 16)
+		v3 ^= v2
+		v0 += v3
+		v3 = bits.RotateLeft64(v3, 21)
+		v3 ^= v0
+		v2 += v1
+		v1 = bits.RotateLeft64(v1, 17)
+		v1 ^= v2
+		v2 = bits.RotateLeft64(v2, 32)
+	}
+	return v0 ^ v1 ^ v2 ^ v3
 }

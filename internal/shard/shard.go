@@ -90,6 +90,7 @@ type Map struct {
 	shards     []shard
 	shift      uint // 64 - log2(len(shards))
 	seed       maphash.Seed
+	keys       grantKeys
 	max        int64
 	live       atomic.Int64
 	evicted    atomic.Int64
@@ -149,7 +150,7 @@ func New(c Config) *Map {
 		n = DefaultShards
 	}
 	n = 1 << bits.Len(uint(n-1))
-	m := &Map{shards: make([]shard, n), shift: uint(64 - bits.Len(uint(n-1))), seed: maphash.MakeSeed(), max: c.MaxBuckets}
+	m := &Map{shards: make([]shard, n), shift: uint(64 - bits.Len(uint(n-1))), seed: maphash.MakeSeed(), keys: newGrantKeys(), max: c.MaxBuckets}
 	if n == 1 {
 		m.shift = 64
 	}
@@ -347,7 +348,7 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	e.mu.Unlock()
 	if d.Granted > 0 {
 		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: d.Granted}
-		d.Grant.Sum = sum(m.seed, bk, c.Rule.Generation, d.Grant)
+		m.keys.seal(&d.Grant, bk, c.Rule.Generation)
 	}
 	d.Rule = c
 	shadow(c, &d, req)
@@ -457,9 +458,6 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	if err != nil {
 		return 0, 0, err
 	}
-	if permits < 0 || permits > g.Permits {
-		permits = g.Permits
-	}
 	if l := c.Latest(); l != c {
 		if l == nil {
 			return 0, 0, rule.ErrDeleted(c.Rule.Name)
@@ -469,8 +467,11 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	cfg := c.ConfigFor(key)
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
-	if sum(m.seed, bk, c.Rule.Generation, g) != g.Sum {
+	if !m.keys.open(&g, bk, c.Rule.Generation) {
 		return 0, m.peek(c, bk, cfg, now), nil // not a grant of this node, rule generation and key
+	}
+	if permits < 0 || permits > g.Permits {
+		permits = g.Permits
 	}
 	sh, h := m.shardOf(bk)
 	e := m.lookup(sh, h, bk)
@@ -594,7 +595,7 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
-	if sum(m.seed, bk, c.Rule.Generation, g) != g.Sum {
+	if !m.keys.open(&g, bk, c.Rule.Generation) {
 		return false, nil
 	}
 	sh, h := m.shardOf(bk)
