@@ -2,10 +2,13 @@ package raftfsm
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -33,15 +36,62 @@ type probeInfo struct {
 	CommitIndex uint64 `json:"commit_index,omitempty"`
 }
 
-// streamLayer is raft's transport stream layer on plain TCP that advertises
-// a configured address (a DNS name in Kubernetes) rather than the listener's
-// IP, which is all hashicorp/raft's TCPTransport can advertise. It also
-// answers probes on the same port.
+// Defaults of the stream layer's limits.
+const (
+	// defaultHandshakeTimeout bounds the TLS handshake and the kind byte of
+	// an accepted connection: a dialer that says nothing is dropped.
+	defaultHandshakeTimeout = 5 * time.Second
+	// defaultIdleTimeout closes an accepted Raft connection that carried
+	// nothing for this long (a leader's heartbeats keep its connections
+	// busy every ~100 ms; its dialer redials when a pooled one was closed).
+	defaultIdleTimeout = 2 * time.Minute
+	// defaultMaxConnsPerHost caps the open and handshaking connections from
+	// one remote IP (raft gives each accepted connection a 256 KiB
+	// buffer). Peers use a handful each; tests run several on 127.0.0.1.
+	defaultMaxConnsPerHost = 64
+	// defaultMaxConns caps all of them.
+	defaultMaxConns = 1024
+)
+
+// streamOptions configures newStreamLayerWith. Zero limits take the
+// defaults; negative ones turn the limit off.
+type streamOptions struct {
+	// Bind is the listen address; Advertise the address others dial
+	// (Bind's when empty).
+	Bind, Advertise string
+	// Probe answers probes.
+	Probe func() probeInfo
+	// Dial, when set, replaces net.DialTimeout (TLS, when on, runs over
+	// it).
+	Dial func(address string, timeout time.Duration) (net.Conn, error)
+	// ServerTLS and ClientTLS, both or neither, make every accepted and
+	// dialed connection (Raft and probes) mutual TLS: typically
+	// tlsutil.Reloader's PeerServerConfig and PeerClientConfig. A dialer
+	// without a peer certificate is refused before one byte past the
+	// handshake is read.
+	ServerTLS, ClientTLS *tls.Config
+	// HandshakeTimeout bounds an accepted connection's TLS handshake and
+	// kind byte.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes accepted Raft connections idle for this long.
+	IdleTimeout time.Duration
+	// MaxConnsPerHost and MaxConns cap accepted connections by remote IP
+	// and in all; a connection past a cap is closed at once.
+	MaxConnsPerHost, MaxConns int
+}
+
+// streamLayer is raft's transport stream layer on TCP (or mutual TLS) that
+// advertises a configured address (a DNS name in Kubernetes) rather than
+// the listener's IP, which is all hashicorp/raft's TCPTransport can
+// advertise. It also answers probes on the same port, caps connections per
+// remote IP and closes idle ones.
 type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
 	probe     func() probeInfo
+	// dial dials a peer, TLS included: Dial and probe use it.
 	dial      func(address string, timeout time.Duration) (net.Conn, error)
+	o         streamOptions
 	conns     chan net.Conn
 	done      chan struct{}
 	closeOnce sync.Once
@@ -49,14 +99,19 @@ type streamLayer struct {
 
 	mu       sync.Mutex
 	accepted map[*trackedConn]struct{} // open Raft connections, closed with the layer
+	perHost  map[string]int            // open connections by remote IP
+	total    int
+	refused  uint64 // connections closed at a cap
 }
 
 // trackedConn is an accepted Raft connection that leaves the layer's set
 // when closed, so that Close can end the ones still open (raft's handlers
-// of incoming connections otherwise outlive the transport).
+// of incoming connections otherwise outlive the transport). It ends the
+// connection after IdleTimeout without traffic.
 type trackedConn struct {
 	net.Conn
 	s    *streamLayer
+	idle time.Duration
 	once sync.Once
 }
 
@@ -69,6 +124,41 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// Read reads with the idle deadline; an idle connection ends as at EOF
+// (raft then closes it without logging an error).
+func (c *trackedConn) Read(p []byte) (int, error) {
+	if c.idle > 0 {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(c.idle))
+	}
+	n, err := c.Conn.Read(p)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, io.EOF
+	}
+	return n, err
+}
+
+// Write writes with the idle deadline, so a peer that stops reading cannot
+// hold the connection.
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if c.idle > 0 {
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(c.idle))
+	}
+	return c.Conn.Write(p)
+}
+
+// countedConn holds a slot of the connection caps until closed.
+type countedConn struct {
+	net.Conn
+	s    *streamLayer
+	host string
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.s.release(c.host) })
+	return c.Conn.Close()
+}
+
 var _ raft.StreamLayer = (*streamLayer)(nil)
 
 // advertiseAddr is a net.Addr of a host:port string as given.
@@ -78,17 +168,32 @@ func (a advertiseAddr) Network() string { return "tcp" }
 func (a advertiseAddr) String() string  { return string(a) }
 
 // newStreamLayer listens on bind and advertises advertise (bind when
-// empty); dial, when not nil, replaces net.DialTimeout.
+// empty); dial, when not nil, replaces net.DialTimeout. Plain TCP with the
+// default limits; newStreamLayerWith takes TLS.
 func newStreamLayer(bind, advertise string, probe func() probeInfo, dial func(string, time.Duration) (net.Conn, error)) (*streamLayer, error) {
-	if dial == nil {
-		dial = func(address string, timeout time.Duration) (net.Conn, error) {
+	return newStreamLayerWith(streamOptions{Bind: bind, Advertise: advertise, Probe: probe, Dial: dial})
+}
+
+// newStreamLayerWith starts a stream layer configured by o.
+func newStreamLayerWith(o streamOptions) (*streamLayer, error) {
+	if (o.ServerTLS == nil) != (o.ClientTLS == nil) {
+		return nil, errors.New("raft stream layer: server and client TLS configs go together")
+	}
+	o.HandshakeTimeout = orDefault(o.HandshakeTimeout, defaultHandshakeTimeout)
+	o.IdleTimeout = orDefault(o.IdleTimeout, defaultIdleTimeout)
+	o.MaxConnsPerHost = orDefault(o.MaxConnsPerHost, defaultMaxConnsPerHost)
+	o.MaxConns = orDefault(o.MaxConns, defaultMaxConns)
+	raw := o.Dial
+	if raw == nil {
+		raw = func(address string, timeout time.Duration) (net.Conn, error) {
 			return net.DialTimeout("tcp", address, timeout)
 		}
 	}
-	ln, err := net.Listen("tcp", bind)
+	ln, err := net.Listen("tcp", o.Bind)
 	if err != nil {
-		return nil, fmt.Errorf("listen raft %s: %w", bind, err)
+		return nil, fmt.Errorf("listen raft %s: %w", o.Bind, err)
 	}
+	advertise := o.Advertise
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
@@ -96,10 +201,69 @@ func newStreamLayer(bind, advertise string, probe func() probeInfo, dial func(st
 		ln.Close()
 		return nil, fmt.Errorf("advertise raft address %q: %w", advertise, err)
 	}
-	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), probe: probe, dial: dial, conns: make(chan net.Conn), done: make(chan struct{})}
+	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), probe: o.Probe, o: o,
+		conns: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
+	s.dial = raw
+	if o.ClientTLS != nil {
+		s.dial = func(address string, timeout time.Duration) (net.Conn, error) {
+			return dialTLS(raw, o.ClientTLS, address, timeout)
+		}
+	}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
+}
+
+func orDefault[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// dialTLS dials address and completes a TLS handshake within timeout.
+func dialTLS(raw func(string, time.Duration) (net.Conn, error), cfg *tls.Config, address string, timeout time.Duration) (net.Conn, error) {
+	start := time.Now()
+	c, err := raw(address, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
+		cfg = cfg.Clone()
+		cfg.ServerName, _, _ = net.SplitHostPort(address)
+	}
+	tc := tls.Client(c, cfg)
+	if timeout > 0 {
+		_ = tc.SetDeadline(start.Add(timeout))
+	}
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("raft tls handshake with %s: %w", address, err)
+	}
+	_ = tc.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// admit takes a slot of the caps for a connection from host.
+func (s *streamLayer) admit(host string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if (s.o.MaxConns > 0 && s.total >= s.o.MaxConns) || (s.o.MaxConnsPerHost > 0 && s.perHost[host] >= s.o.MaxConnsPerHost) {
+		s.refused++
+		return false
+	}
+	s.total++
+	s.perHost[host]++
+	return true
+}
+
+func (s *streamLayer) release(host string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total--
+	if s.perHost[host]--; s.perHost[host] <= 0 {
+		delete(s.perHost, host)
+	}
 }
 
 func (s *streamLayer) acceptLoop() {
@@ -118,24 +282,42 @@ func (s *streamLayer) acceptLoop() {
 			}
 			return
 		}
+		host := c.RemoteAddr().String()
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if !s.admit(host) {
+			c.Close()
+			continue
+		}
 		s.wg.Add(1)
-		go s.route(c)
+		go s.route(&countedConn{Conn: c, s: s, host: host})
 	}
 }
 
-// route reads a connection's kind and hands Raft connections to Accept.
+// route completes the TLS handshake, if any, reads a connection's kind and
+// hands Raft connections to Accept. Nothing past the handshake is read
+// from a dialer without a peer certificate.
 func (s *streamLayer) route(c net.Conn) {
 	defer s.wg.Done()
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
+	if s.o.ServerTLS != nil {
+		tc := tls.Server(c, s.o.ServerTLS)
+		if err := tc.Handshake(); err != nil {
+			c.Close()
+			return
+		}
+		c = tc
+	}
 	var kind [1]byte
-	if _, err := c.Read(kind[:]); err != nil {
+	if _, err := io.ReadFull(c, kind[:]); err != nil {
 		c.Close()
 		return
 	}
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	switch kind[0] {
 	case connRaft:
-		tc := &trackedConn{Conn: c, s: s}
+		tc := &trackedConn{Conn: c, s: s, idle: max(s.o.IdleTimeout, 0)}
 		s.mu.Lock()
 		if s.accepted == nil {
 			s.accepted = map[*trackedConn]struct{}{}

@@ -1,0 +1,380 @@
+package raftfsm
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/tokenserver/tokenserver/internal/tlsutil"
+)
+
+// peerPKI writes a CA and a node certificate and returns a Reloader over
+// them, the CA, and the node's key pair.
+func peerPKI(t *testing.T, name string) (*tlsutil.Reloader, *tlsutil.CA) {
+	t.Helper()
+	ca, err := tlsutil.NewCA(name, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := ca.Issue(tlsutil.CertRequest{CommonName: name + "-n1", URIs: []*url.URL{tlsutil.NodeURI("n1")}, Server: true, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := node.WriteFiles(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := tlsutil.New(tlsutil.Files{CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), ClientCAFile: filepath.Join(dir, "ca.crt")}, tlsutil.Options{Interval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r, ca
+}
+
+func peerTLS(t *testing.T, r *tlsutil.Reloader) (server, client *tls.Config) {
+	t.Helper()
+	server, err := r.PeerServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err = r.PeerClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return server, client
+}
+
+func startLayer(t *testing.T, o streamOptions) *streamLayer {
+	t.Helper()
+	o.Bind = "127.0.0.1:0"
+	if o.Probe == nil {
+		o.Probe = func() probeInfo { return probeInfo{ID: "n1"} }
+	}
+	s, err := newStreamLayerWith(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// accept returns the next accepted connection, or nil after wait.
+func accept(s *streamLayer, wait time.Duration) net.Conn {
+	select {
+	case c := <-s.conns:
+		return c
+	case <-time.After(wait):
+		return nil
+	}
+}
+
+// sendMarker writes a marker on a dialed Raft connection, and readMarker
+// reads it on the accepted side: the accepted connection is that dialer's.
+func sendMarker(t *testing.T, c net.Conn, m string) {
+	t.Helper()
+	if _, err := c.Write([]byte(m)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readMarker(t *testing.T, c net.Conn) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatal(err)
+	}
+	return string(buf)
+}
+
+// TestStreamTLSRefusesStrangers: plaintext, no certificate, a client
+// certificate of the peer CA without a node id and a foreign node
+// certificate never reach Accept, and the bytes they send are never read;
+// a peer's connection then is the first one accepted.
+func TestStreamTLSRefusesStrangers(t *testing.T) {
+	r, ca := peerPKI(t, "peers")
+	_, foreignCA := peerPKI(t, "foreign")
+	srvTLS, cliTLS := peerTLS(t, r)
+	s := startLayer(t, streamOptions{ServerTLS: srvTLS, ClientTLS: cliTLS})
+	addr := s.ln.Addr().String()
+
+	client, err := ca.Issue(tlsutil.CertRequest{CommonName: "alice", URIs: []*url.URL{tlsutil.ClientURI("alice")}, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientPair, _ := client.TLSCertificate()
+	alien, err := foreignCA.Issue(tlsutil.CertRequest{CommonName: "alien", URIs: []*url.URL{tlsutil.NodeURI("n1")}, Server: true, Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alienPair, _ := alien.TLSCertificate()
+	// It trusts any server: only the layer's check of its certificate
+	// stands in its way.
+	foreignCli := &tls.Config{InsecureSkipVerify: true, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &alienPair, nil }}
+	anyServer := &tls.Config{InsecureSkipVerify: true}
+	withClientCert := &tls.Config{InsecureSkipVerify: true, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &clientPair, nil }}
+
+	tlsDial := func(cfg *tls.Config) func() error {
+		return func() error {
+			c, err := dialTLS(nil2raw, cfg, addr, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			// The server may fail the handshake after our side finished
+			// (TLS 1.3): the first read tells.
+			_, _ = c.Write([]byte{connRaft, 'e', 'v', 'i', 'l'})
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			return err
+		}
+	}
+	tests := []struct {
+		name string
+		try  func() error
+	}{
+		{"plaintext", func() error {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, _ = c.Write([]byte{connRaft, 'e', 'v', 'i', 'l'})
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			return err
+		}},
+		{"no certificate", tlsDial(anyServer)},
+		{"client certificate of the peer CA", tlsDial(withClientCert)},
+		{"foreign node certificate", tlsDial(foreignCli)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.try(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("the layer neither refused nor closed the connection: %v", err)
+			}
+		})
+	}
+	c, err := s.Dial(raftAddr(s), 2*time.Second)
+	if err != nil {
+		t.Fatalf("peer dial: %v", err)
+	}
+	defer c.Close()
+	sendMarker(t, c, "peer")
+	got := accept(s, 5*time.Second)
+	if got == nil {
+		t.Fatal("the peer's connection was not accepted")
+	}
+	defer got.Close()
+	if m := readMarker(t, got); m != "peer" {
+		t.Fatalf("the first accepted connection carried %q, want the peer's (a stranger got through)", m)
+	}
+	if _, ok := got.(*trackedConn).Conn.(*tls.Conn); !ok {
+		t.Error("the accepted connection is not TLS")
+	}
+
+	// Probes go over mutual TLS too.
+	if info, err := probe(s.dial, addr, 2*time.Second); err != nil || info.ID != "n1" {
+		t.Errorf("TLS probe: %+v, %v", info, err)
+	}
+	plain := func(a string, d time.Duration) (net.Conn, error) { return net.DialTimeout("tcp", a, d) }
+	if _, err := probe(plain, addr, time.Second); err == nil {
+		t.Error("a plaintext probe was answered")
+	}
+}
+
+// nil2raw dials plain TCP (dialTLS's raw dialer in the tests).
+func nil2raw(address string, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout("tcp", address, timeout)
+}
+
+func raftAddr(s *streamLayer) raft.ServerAddress { return raft.ServerAddress(s.ln.Addr().String()) }
+
+// TestStreamPerHostCap: past MaxConnsPerHost connections from one IP, new
+// ones are closed at once, handshaking ones included; a slot frees when a
+// connection closes.
+func TestStreamPerHostCap(t *testing.T) {
+	t.Run("plaintext", func(t *testing.T) {
+		s := startLayer(t, streamOptions{MaxConnsPerHost: 3})
+		var open []net.Conn
+		for i := range 3 {
+			c, err := s.Dial(raftAddr(s), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			sendMarker(t, c, "ok-"+string(rune('0'+i)))
+			a := accept(s, 5*time.Second)
+			if a == nil {
+				t.Fatalf("connection %d not accepted under the cap", i)
+			}
+			open = append(open, a)
+		}
+		extra, err := s.Dial(raftAddr(s), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer extra.Close()
+		_ = extra.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := extra.Read(make([]byte, 1)); err != io.EOF && !isReset(err) {
+			t.Errorf("the connection past the cap: read %v, want EOF", err)
+		}
+		if a := accept(s, 100*time.Millisecond); a != nil {
+			t.Fatal("a connection past the cap was accepted")
+		}
+		open[0].Close()
+		c, err := s.Dial(raftAddr(s), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		sendMarker(t, c, "late")
+		a := accept(s, 5*time.Second)
+		if a == nil || readMarker(t, a) != "late" {
+			t.Fatal("a freed slot was not reused")
+		}
+		a.Close()
+		for _, c := range open[1:] {
+			c.Close()
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.total != 0 || len(s.perHost) != 0 || s.refused != 1 {
+			t.Errorf("after closing all: total %d, hosts %v, refused %d; want 0, none, 1", s.total, s.perHost, s.refused)
+		}
+	})
+	t.Run("handshaking connections count", func(t *testing.T) {
+		r, _ := peerPKI(t, "peers")
+		srvTLS, cliTLS := peerTLS(t, r)
+		s := startLayer(t, streamOptions{ServerTLS: srvTLS, ClientTLS: cliTLS, MaxConnsPerHost: 2})
+		for range 2 { // silent dialers hold their slots until the handshake timeout
+			c, err := net.Dial("tcp", s.ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s.mu.Lock()
+			n := s.total
+			s.mu.Unlock()
+			if n == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections counted, want 2", n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if _, err := s.Dial(raftAddr(s), time.Second); err == nil {
+			t.Error("a peer got a third slot")
+		}
+	})
+}
+
+func isReset(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne)
+}
+
+// TestStreamIdleAndHandshakeTimeouts: an accepted Raft connection without
+// traffic ends (as EOF, which raft does not log as an error) after
+// IdleTimeout and frees its slot, one with traffic lives on, and a dialer
+// that never says anything is dropped after HandshakeTimeout.
+func TestStreamIdleAndHandshakeTimeouts(t *testing.T) {
+	const idle = 150 * time.Millisecond
+	s := startLayer(t, streamOptions{IdleTimeout: idle, HandshakeTimeout: 200 * time.Millisecond, MaxConnsPerHost: 2})
+	busyD, err := s.Dial(raftAddr(s), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busyD.Close()
+	sendMarker(t, busyD, "busy")
+	busy := accept(s, 5*time.Second)
+	if busy == nil || readMarker(t, busy) != "busy" {
+		t.Fatal("busy connection not accepted")
+	}
+	idleD, err := s.Dial(raftAddr(s), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idleD.Close()
+	sendMarker(t, idleD, "idle")
+	idleC := accept(s, 5*time.Second)
+	if idleC == nil || readMarker(t, idleC) != "idle" {
+		t.Fatal("idle connection not accepted")
+	}
+	// The busy one talks every idle/3 for 3 idle periods.
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 1)
+		for range 9 {
+			time.Sleep(idle / 3)
+			if _, err := busyD.Write([]byte{'x'}); err != nil {
+				done <- err
+				return
+			}
+			if _, err := busy.Read(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	start := time.Now()
+	_ = idleC.SetDeadline(time.Time{})
+	if _, err := idleC.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("idle read: %v, want EOF", err)
+	}
+	if el := time.Since(start); el < idle*3/4 || el > 10*idle {
+		t.Errorf("idle connection ended after %v, want about %v", el, idle)
+	}
+	idleC.Close()
+	if err := <-done; err != nil {
+		t.Errorf("a busy connection broke: %v", err)
+	}
+
+	// A silent dialer is dropped after the handshake timeout and never
+	// reaches Accept.
+	silent, err := net.Dial("tcp", s.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	_ = silent.SetReadDeadline(time.Now().Add(3 * time.Second))
+	start = time.Now()
+	if _, err := silent.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("silent dialer: %v, want EOF", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("silent dialer dropped after %v", el)
+	}
+	if a := accept(s, 50*time.Millisecond); a != nil {
+		t.Error("a silent dialer was accepted")
+	}
+}
+
+func TestStreamOptions(t *testing.T) {
+	r, _ := peerPKI(t, "peers")
+	srvTLS, _ := peerTLS(t, r)
+	if _, err := newStreamLayerWith(streamOptions{Bind: "127.0.0.1:0", ServerTLS: srvTLS}); err == nil {
+		t.Error("a server TLS config without a client one was accepted")
+	}
+	s := startLayer(t, streamOptions{})
+	if s.o.MaxConnsPerHost != defaultMaxConnsPerHost || s.o.IdleTimeout != defaultIdleTimeout || s.o.HandshakeTimeout != defaultHandshakeTimeout {
+		t.Errorf("defaults: %+v", s.o)
+	}
+}
