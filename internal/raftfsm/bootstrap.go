@@ -125,7 +125,12 @@ func (n *Node) JoinCluster(ctx context.Context, addrs []string) error {
 func (n *Node) register() {
 	defer n.wg.Done()
 	for {
-		if m, ok := n.fsm.members()[n.cfg.NodeID]; ok && m.GRPCAddr == n.cfg.AdvertiseGRPC && m.RaftAddr == n.RaftAddr() {
+		// A member drained by its last shutdown registers again too: that
+		// lets it back into the view.
+		if m, ok := n.fsm.members()[n.cfg.NodeID]; ok && m.GRPCAddr == n.cfg.AdvertiseGRPC && m.RaftAddr == n.RaftAddr() && !m.Draining {
+			return
+		}
+		if n.draining.Load() {
 			return
 		}
 		if n.state.Load() {

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
@@ -163,6 +164,23 @@ func (s *adminService) RemoveMember(ctx context.Context, req *pb.RemoveMemberReq
 	return &pb.RemoveMemberResponse{}, nil
 }
 
+// DrainMember implements pb.AdminServiceServer.
+func (s *adminService) DrainMember(ctx context.Context, req *pb.DrainMemberRequest) (*pb.DrainMemberResponse, error) {
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is empty")
+	}
+	if err := s.n.cluster.DrainMember(ctx, req.GetId()); err != nil {
+		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
+			_, err := c.DrainMember(ctx, req)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &pb.DrainMemberResponse{}, nil
+}
+
 // NodeStatus implements pb.AdminServiceServer: this node alone.
 func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.NodeStatusResponse, error) {
 	st, err := s.n.cluster.Status()
@@ -172,7 +190,8 @@ func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.N
 	t := s.n.cluster.Table()
 	return &pb.NodeStatusResponse{
 		Id: st.ID, Role: strings.ToLower(st.State), Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
-		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.cluster.Ready(), RulesDigest: digest(t.Rules()), Rules: uint64(t.Len()),
+		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.ready.Load(), LastIndex: st.LastIndex, Draining: st.Draining || s.n.draining.Load(),
+		Version: Version(), RulesDigest: digest(t.Rules()), Rules: uint64(t.Len()),
 	}, nil
 }
 
@@ -186,7 +205,19 @@ func digest(rules []*rule.Rule) string {
 // ClusterStatus implements pb.AdminServiceServer: the membership as this
 // node sees it, with each member's own NodeStatus (asked concurrently, 2 s
 // at most each).
-func (s *adminService) ClusterStatus(ctx context.Context, _ *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
+func (s *adminService) ClusterStatus(ctx context.Context, req *pb.ClusterStatusRequest) (*pb.ClusterStatusResponse, error) {
+	// Health and autopilot state are the leader's: ask it when it is
+	// another node, and answer from here when it cannot be reached.
+	if id, addr := s.n.cluster.Leader(); id != "" && id != s.n.cluster.ID() && addr != "" && !forwarded(ctx) {
+		if c, err := s.n.peers.conn(addr); err == nil {
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			resp, err := pb.NewAdminServiceClient(c).ClusterStatus(markForwarded(cctx), req)
+			cancel()
+			if err == nil {
+				return resp, nil
+			}
+		}
+	}
 	st, err := s.n.cluster.Status()
 	if err != nil {
 		return nil, toError(err)
@@ -194,7 +225,11 @@ func (s *adminService) ClusterStatus(ctx context.Context, _ *pb.ClusterStatusReq
 	out := &pb.ClusterStatusResponse{Leader: st.Leader, Epoch: st.Epoch, AnsweredBy: st.ID, Members: make([]*pb.MemberStatus, len(st.Members))}
 	var wg sync.WaitGroup
 	for i, m := range st.Members {
-		ms := &pb.MemberStatus{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: m.Voter, Live: m.Live, Role: "unreachable"}
+		ms := &pb.MemberStatus{Id: m.ID, GrpcAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, Voter: m.Voter, Live: m.Live, Role: "unreachable",
+			Suffrage: m.Suffrage, Healthy: m.Healthy, Stabilization: m.Stabilization}
+		if m.HealthFor > 0 {
+			ms.HealthFor = durationpb.New(m.HealthFor)
+		}
 		out.Members[i] = ms
 		if m.GRPCAddr == "" {
 			continue
@@ -214,7 +249,7 @@ func (s *adminService) ClusterStatus(ctx context.Context, _ *pb.ClusterStatusReq
 				err = cerr
 			}
 			if err == nil {
-				ms.Role, ms.AppliedIndex, ms.CommitIndex, ms.Term = ns.GetRole(), ns.GetAppliedIndex(), ns.GetCommitIndex(), ns.GetTerm()
+				ms.Role, ms.AppliedIndex, ms.CommitIndex, ms.Term, ms.Ready = ns.GetRole(), ns.GetAppliedIndex(), ns.GetCommitIndex(), ns.GetTerm(), ns.GetReady()
 			}
 		}()
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -34,8 +35,18 @@ type Cluster interface {
 	ViewChanged() <-chan struct{}
 	// Leader is the leader's id and gRPC address, "" when unknown.
 	Leader() (id, grpcAddr string)
-	// Ready reports whether the node has caught up and has a view.
+	// Ready reports whether the node has caught up, is in the routing view
+	// and is not draining.
 	Ready() bool
+	// CaughtUp reports whether the node has applied the log up to the
+	// commit index it learned after start (what the leader's member
+	// health check asks before it puts the node in the view).
+	CaughtUp() bool
+	// Drain takes this node out of the routing view before it stops;
+	// DrainMember does it for another member (on the leader; else a
+	// *rule.LeaderError).
+	Drain(ctx context.Context) error
+	DrainMember(ctx context.Context, id string) error
 	// AddMember and RemoveMember change membership (on the leader; else a
 	// *rule.LeaderError).
 	AddMember(ctx context.Context, id, raftAddr, grpcAddr string) error
@@ -100,6 +111,18 @@ func (s *Standalone) Leader() (string, string) { return s.id, s.grpcAddr }
 // Ready implements Cluster.
 func (s *Standalone) Ready() bool { return true }
 
+// CaughtUp implements Cluster.
+func (s *Standalone) CaughtUp() bool { return true }
+
+// Drain implements Cluster: a standalone node owns every key; there is
+// nowhere to move them.
+func (s *Standalone) Drain(context.Context) error { return nil }
+
+// DrainMember implements Cluster.
+func (s *Standalone) DrainMember(context.Context, string) error {
+	return status.Error(codes.FailedPrecondition, "this node runs without Raft and has no members")
+}
+
 // AddMember implements Cluster: a standalone node has no members to add.
 func (s *Standalone) AddMember(context.Context, string, string, string) error {
 	return status.Error(codes.FailedPrecondition, "this node runs without Raft and cannot take members")
@@ -160,7 +183,14 @@ func (p *peers) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// A node back after an outage must be reachable again within a
+		// second or so, not after gRPC's default backoff of up to 120 s:
+		// the view takes it back --up-after after its health check passes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
@@ -168,15 +198,33 @@ func (p *peers) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-// Health reports whether the node at addr answers its gRPC health check as
-// serving within ctx.
+// MemberHealthService is the gRPC health service name a node reports
+// SERVING under once it has caught up with the Raft log and while it is not
+// draining: the leader's check before it puts the node in the routing view
+// (the node's overall health, "", also needs it to be in the view).
+const MemberHealthService = "tokenserver.v1.Member"
+
+// Health reports whether the node at addr answers its member health check
+// as serving within ctx.
 func (p *peers) Health(ctx context.Context, addr string) bool {
 	c, err := p.conn(addr)
 	if err != nil {
 		return false
 	}
-	resp, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+	resp, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{Service: MemberHealthService})
 	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// DrainVia asks the leader at addr to take member id out of the view.
+func (p *peers) DrainVia(ctx context.Context, addr, id string) error {
+	c, err := p.conn(addr)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = pb.NewAdminServiceClient(c).DrainMember(markForwarded(cctx), &pb.DrainMemberRequest{Id: id})
+	return err
 }
 
 // JoinVia asks the nodes at addrs, in turn, to add self.

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
@@ -26,7 +27,7 @@ func toStatus(err error) *status.Status {
 		return status.New(codes.InvalidArgument, err.Error())
 	case errors.Is(err, rule.ErrNotFound):
 		return status.New(codes.NotFound, err.Error())
-	case errors.Is(err, rule.ErrVersionMismatch):
+	case errors.Is(err, rule.ErrVersionMismatch), errors.Is(err, raftfsm.ErrRefused):
 		return status.New(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, rule.ErrNoLeader):
 		return status.New(codes.Unavailable, err.Error()+"; retry with backoff")

@@ -58,6 +58,13 @@ func newMetrics(n *Node) *metrics {
 		full := "/" + pb.TokenService_ServiceDesc.ServiceName + "/" + md.MethodName
 		m.methods[full] = m.latency.WithLabelValues(md.MethodName)
 	}
+	b := BuildInfo()
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tokenserver_build_info",
+		Help: "Always 1; its labels name the build: module version, VCS revision, Go version.",
+	}, []string{"version", "revision", "goversion"})
+	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
+	m.reg.MustRegister(buildInfo)
 	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.apply,
 		&nodeCollector{n: n},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -124,7 +131,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(v.Epoch))
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(v.Len()))
 	ready := 0.0
-	if n.ready.Load() && n.cluster.Ready() {
+	if n.ready.Load() {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)

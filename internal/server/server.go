@@ -47,8 +47,12 @@ type Config struct {
 	DefaultDeadline time.Duration
 	// SweepInterval is how often idle buckets are evicted.
 	SweepInterval time.Duration
-	// ShutdownGrace is how long a graceful stop waits for calls in flight.
+	// ShutdownGrace bounds a graceful stop: leaving the view, the linger
+	// and the calls in flight.
 	ShutdownGrace time.Duration
+	// DrainLinger is how long a stopping node keeps answering after it
+	// left the routing view, while clients hear of the new view.
+	DrainLinger time.Duration
 	// Pprof serves net/http/pprof under /debug/pprof/ on the HTTP address.
 	Pprof bool
 	// Logger receives the node's logs; nil means slog.Default().
@@ -68,6 +72,7 @@ func DefaultConfig() Config {
 		DefaultDeadline: 10 * time.Second,
 		SweepInterval:   time.Second,
 		ShutdownGrace:   5 * time.Second,
+		DrainLinger:     time.Second,
 	}
 }
 
@@ -88,6 +93,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sweep interval must be > 0, got %v", c.SweepInterval)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("shutdown grace must be >= 0, got %v", c.ShutdownGrace)
+	case c.DrainLinger < 0:
+		return fmt.Errorf("drain linger must be >= 0, got %v", c.DrainLinger)
 	}
 	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
 		return fmt.Errorf("grpc address %q: %w", c.GRPCAddr, err)
@@ -110,9 +117,15 @@ type Node struct {
 	now     func() int64
 	grpc    *grpc.Server
 	health  *health.Server
-	ready   atomic.Bool
-	metrics *metrics
-	done    chan struct{}
+	// ready mirrors the health status: the cluster node is ready (caught
+	// up, in the view) and this node is serving and not draining.
+	ready         atomic.Bool
+	memberHealthy atomic.Bool
+	healthSet     atomic.Bool // the statuses were set once
+	serving       atomic.Bool
+	draining      atomic.Bool
+	metrics       *metrics
+	done          chan struct{}
 
 	mu       sync.Mutex
 	grpcLis  net.Listener
@@ -167,7 +180,7 @@ func New(cfg Config, c Cluster) (*Node, error) {
 	pb.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
 	healthpb.RegisterHealthServer(n.grpc, n.health)
 	reflection.Register(n.grpc)
-	n.setServing(false)
+	n.updateHealth()
 	return n, nil
 }
 
@@ -208,15 +221,49 @@ func (n *Node) HTTPAddr() string {
 	return n.httpLis.Addr().String()
 }
 
-func (n *Node) setServing(ok bool) {
-	n.ready.Store(ok)
-	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok {
-		st = healthpb.HealthCheckResponse_SERVING
+// updateHealth sets the health statuses from the node's state: the
+// overall status and the services' are SERVING while the node serves, is
+// ready and is not draining; MemberHealthService while it serves, has
+// caught up with the log and is not draining. It reports readiness.
+func (n *Node) updateHealth() bool {
+	up := n.serving.Load() && !n.draining.Load()
+	ready := up && n.cluster.Ready()
+	member := up && n.cluster.CaughtUp()
+	if n.ready.Swap(ready) != ready || n.memberHealthy.Swap(member) != member || !n.healthSet.Swap(true) {
+		n.health.SetServingStatus("", servingStatus(ready))
+		n.health.SetServingStatus(pb.TokenService_ServiceDesc.ServiceName, servingStatus(ready))
+		n.health.SetServingStatus(pb.AdminService_ServiceDesc.ServiceName, servingStatus(ready))
+		n.health.SetServingStatus(MemberHealthService, servingStatus(member))
 	}
-	n.health.SetServingStatus("", st)
-	n.health.SetServingStatus(pb.TokenService_ServiceDesc.ServiceName, st)
-	n.health.SetServingStatus(pb.AdminService_ServiceDesc.ServiceName, st)
+	return ready
+}
+
+func servingStatus(ok bool) healthpb.HealthCheckResponse_ServingStatus {
+	if ok {
+		return healthpb.HealthCheckResponse_SERVING
+	}
+	return healthpb.HealthCheckResponse_NOT_SERVING
+}
+
+// watchReadiness keeps the health statuses current until the node stops:
+// readiness comes from the Raft node (catching up, the view) and changes
+// without a signal of its own, so it is polled.
+func (n *Node) watchReadiness() {
+	defer n.wg.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	logged := false
+	for {
+		if n.updateHealth() && !logged {
+			logged = true
+			n.log.Info("ready: serving the keys this node owns", "node", n.cluster.ID())
+		}
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Listen opens the gRPC and HTTP listeners, so that their addresses are
@@ -283,9 +330,11 @@ func (n *Node) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.sweep()
-	n.setServing(true)
+	go n.watchReadiness()
+	n.serving.Store(true)
+	n.updateHealth()
 	n.log.Info("tokenserver serving", "node", n.cluster.ID(), "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "max_buckets", n.cfg.MaxBuckets)
 	var err error
 	select {
@@ -296,24 +345,40 @@ func (n *Node) Serve(ctx context.Context) error {
 	return err
 }
 
-// Stop stops the node: it reports not serving, lets calls in flight finish
-// for up to ShutdownGrace, then closes everything. It is safe to call twice.
+// Stop stops the node without dropping a caller: it reports not ready
+// (health NOT_SERVING), leaves the routing view through the leader so that
+// its keys move to their next owners and clients re-route, keeps answering
+// (and forwarding) for DrainLinger while clients hear of the new view, lets
+// calls in flight finish for up to ShutdownGrace, hands over leadership if
+// it leads, and closes everything. It is safe to call twice.
 func (n *Node) Stop() {
 	n.stopOnce.Do(func() {
-		n.log.Info("tokenserver stopping", "node", n.cluster.ID())
-		n.setServing(false)
-		close(n.done)
-		// Leave the cluster first (a leader hands over leadership) while
-		// the data plane still answers from the local rule table.
-		if err := n.cluster.Close(); err != nil {
-			n.log.Warn("leaving the cluster", "err", err)
+		start := time.Now()
+		n.log.Info("tokenserver stopping: leaving the routing view first", "node", n.cluster.ID())
+		n.draining.Store(true)
+		n.updateHealth()
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		if err := n.cluster.Drain(ctx); err != nil {
+			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
+		} else if n.cfg.DrainLinger > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(n.cfg.DrainLinger):
+			}
 		}
+		cancel()
+		close(n.done)
 		stopped := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
-		case <-time.After(n.cfg.ShutdownGrace):
+		case <-time.After(max(0, n.cfg.ShutdownGrace-time.Since(start))):
 			n.grpc.Stop()
+		}
+		// Leave Raft last (a leader hands over leadership first), so that
+		// calls in flight could still be forwarded and rules still read.
+		if err := n.cluster.Close(); err != nil {
+			n.log.Warn("leaving the cluster", "err", err)
 		}
 		if n.httpSrv != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
@@ -356,15 +421,18 @@ func (n *Node) httpHandler() http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !n.ready.Load() {
-			http.Error(w, "not ready: not serving", http.StatusServiceUnavailable)
-			return
+		switch {
+		case n.ready.Load():
+			fmt.Fprintln(w, "ready")
+		case n.draining.Load():
+			http.Error(w, "not ready: draining (shutting down)", http.StatusServiceUnavailable)
+		case !n.serving.Load():
+			http.Error(w, "not ready: not serving yet", http.StatusServiceUnavailable)
+		case !n.cluster.CaughtUp():
+			http.Error(w, "not ready: catching up with the Raft log", http.StatusServiceUnavailable)
+		default:
+			http.Error(w, "not ready: not in the routing view yet", http.StatusServiceUnavailable)
 		}
-		if !n.cluster.Ready() {
-			http.Error(w, "not ready: catching up with the Raft log or no routing view yet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
 	})
 	return mux
 }

@@ -358,7 +358,8 @@ func TestHTTPHealth(t *testing.T) {
 	if got := get("/readyz"); got != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz before serving: %d, want 503", got)
 	}
-	n.setServing(true)
+	n.serving.Store(true)
+	n.updateHealth()
 	if got := get("/readyz"); got != http.StatusOK {
 		t.Fatalf("/readyz while serving: %d", got)
 	}

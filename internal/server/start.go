@@ -50,6 +50,7 @@ func Start(o Options) (*Node, error) {
 	rc.AdvertiseGRPC = o.Server.AdvertiseGRPC
 	rc.Health = pool.Health
 	rc.JoinVia = pool.JoinVia
+	rc.DrainVia = pool.DrainVia
 	var self atomic.Pointer[Node] // set once the node exists
 	rc.ObserveApply = func(d time.Duration) {
 		if n := self.Load(); n != nil {

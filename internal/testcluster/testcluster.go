@@ -73,7 +73,30 @@ func NewWith(t testing.TB, n int, mutate func(*server.Options)) *Cluster {
 		}
 	}
 	c.WaitFor(fmt.Sprintf("a view of %d on every node", n), func() bool { return c.ViewsAgree(n) })
+	// Joined nodes enter as non-voters; wait for autopilot to promote them
+	// so that the cluster tolerates failures as a voter set of n would.
+	c.WaitFor(fmt.Sprintf("%d voters", n), func() bool { return c.Voters() >= min(n, raftfsm.DefaultConfig().MaxVoters) })
 	return c
+}
+
+// Voters counts the voters in the leader's configuration (0 without a
+// leader).
+func (c *Cluster) Voters() int {
+	l := c.Leader()
+	if l == nil {
+		return 0
+	}
+	st, err := l.Cluster().Status()
+	if err != nil {
+		return 0
+	}
+	v := 0
+	for _, m := range st.Members {
+		if m.Voter {
+			v++
+		}
+	}
+	return v
 }
 
 func (c *Cluster) start(n *Node, join []string) {
@@ -89,6 +112,7 @@ func (c *Cluster) start(n *Node, join []string) {
 	rcfg.FastTimeouts()
 	rcfg.NodeID, rcfg.DataDir, rcfg.RaftBind = n.ID, n.DataDir, n.RaftAddr
 	rcfg.DownAfter, rcfg.UpAfter, rcfg.LivenessInterval = time.Second, 2*time.Second, 100*time.Millisecond
+	rcfg.StabilizationTime = 500 * time.Millisecond
 	opts := server.Options{Server: scfg, Raft: rcfg, Join: join}
 	if c.Mutate != nil {
 		c.Mutate(&opts)
