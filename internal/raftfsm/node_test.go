@@ -53,7 +53,20 @@ func (r *registry) joinVia(ctx context.Context, addrs []string, self cluster.Mem
 	return errors.New("no member took the join")
 }
 
-func (r *registry) health(_ context.Context, addr string) bool { return r.get(addr) != nil }
+// health is the member health check the server answers: caught up and
+// not draining.
+func (r *registry) health(_ context.Context, addr string) bool {
+	n := r.get(addr)
+	return n != nil && n.CaughtUp() && !n.Draining()
+}
+
+func (r *registry) drainVia(ctx context.Context, leader, id string) error {
+	n := r.get(leader)
+	if n == nil {
+		return errors.New("leader unreachable")
+	}
+	return n.DrainMember(ctx, id)
+}
 
 type testCluster struct {
 	t     *testing.T
@@ -82,7 +95,9 @@ func (c *testCluster) config(id string) Config {
 	}
 	cfg.AdvertiseGRPC = "grpc-" + id
 	cfg.DownAfter, cfg.UpAfter, cfg.LivenessInterval = time.Second, 2*time.Second, 100*time.Millisecond
+	cfg.StabilizationTime = time.Second
 	cfg.Health = c.reg.health
+	cfg.DrainVia = c.reg.drainVia
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(tlog{c.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -190,6 +205,9 @@ func TestThreeNodesJoinReplicateFailover(t *testing.T) {
 		}
 		return true
 	})
+	// Autopilot promotes both once they have been healthy for the
+	// stabilization time; until then the leader alone is a voter.
+	waitFor(t, "b and c promoted to voters", 20*time.Second, func() bool { return a.voters() == 3 })
 	// A write on a follower names the leader.
 	_, err := c.nodes["b"].Put(ctxT(t), tbRule("api", 1), nil)
 	var le *rule.LeaderError
