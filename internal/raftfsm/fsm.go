@@ -277,11 +277,12 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if err != nil {
 		panic(fmt.Sprintf("raftfsm: committed log entry %d cannot be applied: %v; this node stops rather than skip it", l.Index, err))
 	}
-	if e == nil { // an ignorable entry of a newer version
-		return nil
-	}
 	s := cur.clone()
 	s.Index = l.Index
+	if e == nil { // an ignorable entry of a newer version
+		f.publish(s, false)
+		return nil
+	}
 	res, rulesChanged := s.apply(l.Index, e)
 	f.publish(s, rulesChanged)
 	return res
