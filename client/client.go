@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -32,6 +35,7 @@ type Client struct {
 	cancel context.CancelFunc
 
 	state    atomic.Pointer[viewState]
+	viewMu   sync.Mutex // serializes applyView (the watcher, probes, New)
 	inFb     atomic.Bool
 	fb       *localLimiters
 	watchNow chan struct{} // nudges the watcher to reconnect at once
@@ -111,7 +115,8 @@ func New(ctx context.Context, seeds []string, opts ...Option) (*Client, error) {
 }
 
 // firstView asks the seeds, one after another, for the cluster view until
-// one answers or ctx ends.
+// a ready one answers or ctx ends. A view from a seed that is not ready yet
+// is used for routing, but the next seed is asked too.
 func (c *Client) firstView(ctx context.Context) {
 	for _, s := range c.seeds {
 		if ctx.Err() != nil {
@@ -132,8 +137,10 @@ func (c *Client) firstView(ctx context.Context) {
 			c.log.Warn("tokenserver seed did not answer", "seed", s, "err", err)
 			continue
 		}
-		c.applyView(v)
-		return
+		c.applyView(v, true)
+		if v.GetReady() {
+			return
+		}
 	}
 }
 
@@ -170,58 +177,74 @@ func (c *Client) dialOptions() []grpc.DialOption {
 		// Fail fast: a call to a node that cannot be reached must not wait
 		// for it to come back.
 		grpc.WithDefaultCallOptions(grpc.WaitForReady(false)),
+		// Find connections that died silently (a frozen or unplugged
+		// node). Servers accept a ping every 10 s; the watch stream's 1 s
+		// heartbeat finds a frozen node sooner.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
 	}
 	return append(opts, c.o.dial...)
 }
 
-// applyView installs a view from the server: nodes for new members, closes
-// nodes that left (seeds stay).
-func (c *Client) applyView(pv *pb.ClusterView) {
-	members := make([]cluster.Member, 0, len(pv.GetMembers()))
-	for _, m := range pv.GetMembers() {
-		members = append(members, cluster.Member{ID: m.GetId(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(), Voter: m.GetVoter()})
-	}
-	rules := make(map[string]*ruleInfo, len(pv.GetRules()))
-	for _, r := range pv.GetRules() {
-		rules[r.GetName()] = &ruleInfo{
-			name: r.GetName(), algorithm: r.GetAlgorithm(), limit: r.GetLimit(), period: r.GetPeriod().AsDuration(),
-			burst: r.GetBurst(), fbPolicy: FallbackPolicy(r.GetFallback().GetPolicy()), fbLimit: r.GetFallback().GetLimit(),
-			leaseMax: r.GetLease().GetMaxBatch(), leaseTTL: r.GetLease().GetTtl().AsDuration(), version: r.GetVersion(),
+// applyView takes what a server's view teaches: its members when its epoch
+// is newer than the client's (epochs only grow), and its rules when the
+// node that answered is ready. Never looser than the rules: a view from a
+// node that is not ready changes no rule (it may not have replayed its
+// log); a ready node's view from the followed stream (authoritative)
+// replaces the rules, deletions included; one fetched by a probe only adds
+// rules and newer versions. Nodes are dialed for new members, and closed
+// when they leave (seeds stay).
+func (c *Client) applyView(pv *pb.ClusterView, authoritative bool) {
+	c.viewMu.Lock()
+	defer c.viewMu.Unlock()
+	old := c.state.Load()
+	view := old.view
+	if pv.GetEpoch() > old.view.Epoch || (old.view.Len() == 0 && len(pv.GetMembers()) > 0) {
+		members := make([]cluster.Member, 0, len(pv.GetMembers()))
+		for _, m := range pv.GetMembers() {
+			members = append(members, cluster.Member{ID: m.GetId(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(), Voter: m.GetVoter()})
+		}
+		if nv := cluster.NewView(pv.GetEpoch(), members); nv.Len() > 0 {
+			view = nv
 		}
 	}
-	old := c.state.Load()
-	view := cluster.NewView(pv.GetEpoch(), members)
-	if view.Len() == 0 && old.view.Len() > 0 {
-		view = old.view // a node without a view yet: keep routing as before
+	rules := old.rules
+	if pv.GetReady() {
+		rules = mergeRules(old.rules, pv.GetRules(), authoritative)
+	}
+	if view == old.view && sameRules(rules, old.rules) {
+		return
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return
 	}
-	byID := make(map[string]*node, view.Len())
-	keep := make(map[string]bool, view.Len()+len(c.seeds))
-	for _, s := range c.seeds {
-		keep[s] = true
-	}
-	for _, m := range view.Members() {
-		n := c.nodes[m.GRPCAddr]
-		if n == nil {
-			var err error
-			if n, err = newNode(c, m.GRPCAddr); err != nil {
-				c.log.Error("tokenserver: cannot dial member", "member", m.ID, "addr", m.GRPCAddr, "err", err)
-				continue
-			}
-			c.nodes[m.GRPCAddr] = n
-		}
-		byID[m.ID] = n
-		keep[m.GRPCAddr] = true
-	}
+	byID := old.byID
 	var gone []*node
-	for addr, n := range c.nodes {
-		if !keep[addr] {
-			delete(c.nodes, addr)
-			gone = append(gone, n)
+	if view != old.view {
+		byID = make(map[string]*node, view.Len())
+		keep := make(map[string]bool, view.Len()+len(c.seeds))
+		for _, s := range c.seeds {
+			keep[s] = true
+		}
+		for _, m := range view.Members() {
+			n := c.nodes[m.GRPCAddr]
+			if n == nil {
+				var err error
+				if n, err = newNode(c, m.GRPCAddr); err != nil {
+					c.log.Error("tokenserver: cannot dial member", "member", m.ID, "addr", m.GRPCAddr, "err", err)
+					continue
+				}
+				c.nodes[m.GRPCAddr] = n
+			}
+			byID[m.ID] = n
+			keep[m.GRPCAddr] = true
+		}
+		for addr, n := range c.nodes {
+			if !keep[addr] {
+				delete(c.nodes, addr)
+				gone = append(gone, n)
+			}
 		}
 	}
 	c.state.Store(&viewState{view: view, rules: rules, byID: byID})
@@ -232,30 +255,71 @@ func (c *Client) applyView(pv *pb.ClusterView) {
 	c.updateMode()
 }
 
-// watch follows WatchClusterView on a member (or a seed), reconnecting with
-// full-jitter backoff, until Close.
+// mergeRules returns old updated by a ready node's rules: replaced when
+// authoritative, else only added to and moved to newer versions. It
+// returns old itself when nothing changes.
+func mergeRules(old map[string]*ruleInfo, in []*pb.ClientRule, authoritative bool) map[string]*ruleInfo {
+	out := make(map[string]*ruleInfo, max(len(old), len(in)))
+	if !authoritative {
+		for k, v := range old {
+			out[k] = v
+		}
+	}
+	for _, r := range in {
+		ri := &ruleInfo{
+			name: r.GetName(), algorithm: r.GetAlgorithm(), limit: r.GetLimit(), period: r.GetPeriod().AsDuration(),
+			burst: r.GetBurst(), fbPolicy: FallbackPolicy(r.GetFallback().GetPolicy()), fbLimit: r.GetFallback().GetLimit(),
+			leaseMax: r.GetLease().GetMaxBatch(), leaseTTL: r.GetLease().GetTtl().AsDuration(), version: r.GetVersion(),
+		}
+		if o := old[ri.name]; o != nil && (*o == *ri || (!authoritative && o.version >= ri.version)) {
+			ri = o
+		}
+		out[ri.name] = ri
+	}
+	if sameRules(out, old) {
+		return old
+	}
+	return out
+}
+
+// sameRules reports whether a and b hold the same ruleInfo pointers.
+func sameRules(a, b map[string]*ruleInfo) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// watch follows WatchClusterView on a member (or a seed) until Close. A
+// stream that ends is reconnected with full-jitter backoff; one on which no
+// ready view arrives for watchSilence (servers send one at least every
+// second) is moved at once to another member: its node froze, or cannot
+// speak for the cluster yet.
 func (c *Client) watch() {
 	defer c.wg.Done()
 	attempt := 0
+	avoid := ""
 	for i := 0; c.ctx.Err() == nil; i++ {
-		addrs := c.watchAddrs()
-		n, err := c.nodeAt(addrs[i%len(addrs)])
-		if err == nil {
-			c.m.rpcWatch.Inc()
-			var stream grpc.ServerStreamingClient[pb.ClusterView]
-			if stream, err = n.tc.WatchClusterView(c.ctx, &pb.GetClusterViewRequest{}); err == nil {
-				for {
-					v, err := stream.Recv()
-					if err != nil {
-						break
-					}
-					c.applyView(v)
-					attempt = 0
-				}
-			}
+		addr := c.watchAddr(i, avoid)
+		heard, silent := false, false
+		if n, err := c.nodeAt(addr); err == nil {
+			heard, silent = c.follow(n)
 		}
 		if c.ctx.Err() != nil {
 			return
+		}
+		avoid = addr
+		if heard {
+			attempt = 0
+		}
+		if silent {
+			c.log.Warn("tokenserver client: no ready view on the watch stream; following another member", "addr", addr, "after", c.o.watchSilence)
+			continue
 		}
 		t := time.NewTimer(fullJitter(attempt, 50*time.Millisecond, 2*time.Second))
 		attempt++
@@ -270,14 +334,114 @@ func (c *Client) watch() {
 	}
 }
 
-// watchAddrs lists where the watcher may connect: the view's members, then
-// the seeds.
-func (c *Client) watchAddrs() []string {
-	var out []string
-	for _, m := range c.state.Load().view.Members() {
-		out = append(out, m.GRPCAddr)
+// follow applies the views of one WatchClusterView stream on n until it
+// ends, or until no ready view has come for watchSilence (silent).
+func (c *Client) follow(n *node) (heard, silent bool) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	var quiet atomic.Bool
+	t := time.AfterFunc(c.o.watchSilence, func() { quiet.Store(true); cancel() })
+	defer t.Stop()
+	c.m.rpcWatch.Inc()
+	stream, err := n.tc.WatchClusterView(ctx, &pb.GetClusterViewRequest{})
+	if err != nil {
+		return false, quiet.Load()
 	}
-	return append(out, c.seeds...)
+	for {
+		v, err := stream.Recv()
+		if err != nil {
+			return heard, quiet.Load()
+		}
+		c.applyView(v, true)
+		if v.GetReady() {
+			heard = true
+			t.Reset(c.o.watchSilence)
+		}
+	}
+}
+
+// watchAddrs lists where the watcher may connect: the view's members
+// whose calls do not fail, then the seeds; the i-th is chosen, skipping
+// avoid (the last one followed) when there is another.
+func (c *Client) watchAddr(i int, avoid string) string {
+	st := c.state.Load()
+	var out []string
+	for _, m := range st.view.Members() {
+		if n := st.byID[m.ID]; n != nil && !n.failing.Load() {
+			out = append(out, m.GRPCAddr)
+		}
+	}
+	for _, s := range c.seeds {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	if len(out) > 1 {
+		out = slices.DeleteFunc(out, func(a string) bool { return a == avoid })
+	}
+	return out[i%len(out)]
+}
+
+// pick returns the node to send key's call to, and the member ids to name
+// in the avoid header: the key's owner; while the owner's breaker is open,
+// or it could not decide this call (skip), the key's next owner in
+// rendezvous order among the members believed live, which is where the view
+// moves the key if the owner leaves it; without a view, a seed (the server
+// routes). When every member is down it returns the owner, whose open
+// breaker sends the call to fallback.
+func (c *Client) pick(st *viewState, key string, skip []*node) (*node, string) {
+	if st.view.Len() == 0 {
+		return c.seedNode(skip), ""
+	}
+	h := cluster.KeyHash(key)
+	m, _ := st.view.OwnerOfHash(h)
+	owner := st.byID[m.ID]
+	if owner != nil && !owner.open.Load() && !slices.Contains(skip, owner) {
+		return owner, ""
+	}
+	down := func(id string) bool {
+		n := st.byID[id]
+		return n == nil || n.open.Load() || slices.Contains(skip, n)
+	}
+	next, ok := st.view.OwnerExcept(h, down)
+	if !ok {
+		return owner, ""
+	}
+	var avoid []string
+	for _, m := range st.view.Members() {
+		if down(m.ID) {
+			avoid = append(avoid, m.ID)
+		}
+	}
+	return st.byID[next.ID], strings.Join(avoid, ",")
+}
+
+// seedNode is the first seed not in skip (the first seed if all are).
+func (c *Client) seedNode(skip []*node) *node {
+	var first *node
+	for _, s := range c.seeds {
+		n, err := c.nodeAt(s)
+		if err != nil {
+			continue
+		}
+		if !slices.Contains(skip, n) {
+			return n
+		}
+		if first == nil {
+			first = n
+		}
+	}
+	return first
+}
+
+// isMember reports whether n is a member of the client's view.
+func (c *Client) isMember(n *node) bool {
+	for _, x := range c.state.Load().byID {
+		if x == n {
+			return true
+		}
+	}
+	return false
 }
 
 // fullJitter is a random duration in [0, min(max, base × 2^attempt)).
@@ -292,18 +456,22 @@ func fullJitter(attempt int, base, maxD time.Duration) time.Duration {
 // now is monotonic nanoseconds since the client started.
 func (c *Client) now() int64 { return int64(time.Since(c.base)) }
 
-// InFallback reports whether the client decides some calls locally now: it
-// has no cluster view yet, or a node of the view is failing (its last call
-// or probe failed).
+// InFallback reports whether the client decides calls locally now: it has
+// no cluster view yet, or every member of its view is failing (a key whose
+// owner fails while another member answers goes to that member instead).
 func (c *Client) InFallback() bool { return c.inFb.Load() }
 
 // updateMode recomputes InFallback and its gauge.
 func (c *Client) updateMode() {
 	st := c.state.Load()
 	fb := st.view.Len() == 0
-	for _, n := range st.byID {
-		if n.failing.Load() {
-			fb = true
+	if !fb && len(st.byID) > 0 {
+		fb = true
+		for _, n := range st.byID {
+			if !n.failing.Load() {
+				fb = false
+				break
+			}
 		}
 	}
 	if c.inFb.Swap(fb) != fb {
@@ -327,6 +495,13 @@ func (st *viewState) owner(key string) *node {
 		return nil
 	}
 	return st.byID[m.ID]
+}
+
+// target returns the node for a call about key (refill, renew, release)
+// and ctx with the avoid header it needs.
+func (c *Client) target(ctx context.Context, key string) (*node, context.Context) {
+	n, avoid := c.pick(c.state.Load(), key, nil)
+	return n, withAvoid(ctx, avoid)
 }
 
 // enter joins the goroutines Close waits for; false once closed.

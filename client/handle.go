@@ -134,9 +134,9 @@ func (h *Handle) renew() {
 	ctx, cancel := context.WithTimeout(c.ctx, timeout)
 	defer cancel()
 	renewed, err := true, error(nil)
-	if n := c.state.Load().owner(h.key); n != nil && !n.open.Load() {
+	if n, ctx := c.target(ctx, h.key); n != nil && !n.open.Load() {
 		var resp *pb.RenewLeaseResponse
-		err = n.invoke(ctx, c.m.rpcRenew, func(ctx context.Context) (err error) {
+		err = n.invoke(ctx, c.m.rpcRenew, maxRetries, func(ctx context.Context) (err error) {
 			resp, err = n.tc.RenewLease(ctx, &pb.RenewLeaseRequest{Rule: h.l.rule, Key: h.key, GrantId: h.grant})
 			return err
 		})
@@ -196,11 +196,11 @@ func (h *Handle) release(ctx context.Context) error {
 	if h.grant == "" || lost {
 		return nil
 	}
-	n := c.state.Load().owner(h.key)
+	n, ctx := c.target(ctx, h.key)
 	if n == nil || n.open.Load() {
 		return fmt.Errorf("rule %q: release: server unreachable, the lease expires by itself: %w", h.l.rule, ErrUnavailable)
 	}
-	err := n.invoke(ctx, c.m.rpcRefill, func(ctx context.Context) error {
+	err := n.invoke(ctx, c.m.rpcRefill, maxRetries, func(ctx context.Context) error {
 		_, err := n.tc.RefillToken(ctx, &pb.RefillTokenRequest{Rule: h.l.rule, Key: h.key, GrantId: h.grant})
 		return err
 	})

@@ -361,9 +361,9 @@ func (l *Limiter) refill(key, grantID string, unused int64) {
 
 func (l *Limiter) refillCtx(ctx context.Context, key, grantID string, unused int64) {
 	var refilled int64
-	if n := l.c.state.Load().owner(key); n != nil && !n.open.Load() {
+	if n, ctx := l.c.target(ctx, key); n != nil && !n.open.Load() {
 		var resp *pb.RefillTokenResponse
-		err := n.invoke(ctx, l.c.m.rpcRefill, func(ctx context.Context) (err error) {
+		err := n.invoke(ctx, l.c.m.rpcRefill, maxRetries, func(ctx context.Context) (err error) {
 			resp, err = n.tc.RefillToken(ctx, &pb.RefillTokenRequest{Rule: l.rule, Key: key, GrantId: grantID, Permits: &unused})
 			return err
 		})

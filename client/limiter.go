@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -74,6 +77,8 @@ type Limiter struct {
 	o    limiterOptions
 	m    *ruleMetrics
 	keys *keyMap // lease states; nil unless the limiter leases
+
+	warnedUnknown atomic.Bool // the server said the rule does not exist, logged
 }
 
 // Limiter returns the client's Limiter for the named rule, creating it with
@@ -163,15 +168,42 @@ func (l *Limiter) decideSlow(ctx context.Context, key string, permits int64, max
 	return d, nil
 }
 
-// ask sends one acquire to key's owner with the call's deadline.
+// ask sends one acquire for key within the call's deadline: to its owner,
+// or, while the owner's breaker is open, to its next owner (see pick).
+// A node that was reached and decided nothing (not ready, no view yet), or
+// that provably never got the call (connection refused), does not end the
+// call: it goes to the next candidate, or to the same node again after a
+// short backoff, while the deadline leaves room; only then does the error
+// return (and the fallback policy decide).
 func (l *Limiter) ask(ctx context.Context, st *viewState, key string, req *pb.AcquireTokenRequest) (*pb.AcquireTokenResponse, error) {
-	n := st.owner(key)
-	if n == nil {
-		return nil, status.Error(codes.Unavailable, "no cluster view yet")
-	}
 	cctx, cancel := l.c.callContext(ctx)
 	defer cancel()
-	return n.acquire(cctx, req)
+	var skip []*node
+	for attempt := 0; ; attempt++ {
+		n, avoid := l.c.pick(st, key, skip)
+		if n == nil {
+			return nil, status.Error(codes.Unavailable, "no cluster view yet")
+		}
+		resp, err := n.acquire(cctx, req, avoid)
+		if err == nil || !(isNotReady(err) || notSent(err)) {
+			return resp, err
+		}
+		if !slices.Contains(skip, n) {
+			skip = append(skip, n) // try the next candidate at once
+		} else if !pause(cctx, fullJitter(min(attempt, 4), time.Millisecond, 20*time.Millisecond)) {
+			return nil, err
+		}
+		st = l.c.state.Load() // a view may have come meanwhile
+	}
+}
+
+// pause waits d unless ctx's deadline would leave less than a millisecond
+// after it; false when it did not wait (or ctx ended).
+func pause(ctx context.Context, d time.Duration) bool {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+time.Millisecond {
+		return false
+	}
+	return sleep(ctx, d) == nil
 }
 
 // callContext bounds ctx by the call timeout.
@@ -214,15 +246,23 @@ func (l *Limiter) count(d Decision) {
 }
 
 // onError turns an RPC error into the caller's answer: the server's
-// refusals become errors, failures to answer become fallback decisions.
+// refusals become errors, failures to answer become fallback decisions. A
+// rule the server does not know is decided by the Limiter's WithFallback
+// option, else allowed, counted, and logged once.
 func (l *Limiter) onError(ctx context.Context, st *viewState, ri *ruleInfo, key string, n int64, err error) (Decision, error) {
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition:
-		return Decision{}, fmt.Errorf("rule %q key %q: %s: %w", l.rule, key, status.Convert(err).Message(), ErrInvalid)
+		return Decision{}, fmt.Errorf("rule %q key %q: %s: %w", l.rule, key, l.serverMessage(err), ErrInvalid)
 	case codes.NotFound:
-		d, ferr := l.fallback(st, ri, key, n, err)
+		l.c.m.unknownRule.WithLabelValues(l.rule).Inc()
+		if l.warnedUnknown.CompareAndSwap(false, true) {
+			p, _, _, byDefault := l.policy(nil)
+			l.c.log.Warn("tokenserver client: the server has no such rule; its calls are decided by the limiter's fallback policy",
+				"rule", l.rule, "policy", p.String(), "by_default", byDefault)
+		}
+		d, ferr := l.fallback(st, nil, key, n, err)
 		if ferr == nil {
-			ferr = fmt.Errorf("rule %q: %s: %w", l.rule, status.Convert(err).Message(), ErrNotFound)
+			ferr = fmt.Errorf("rule %q: the server has no such rule (decided by the fallback policy): %w", l.rule, ErrNotFound)
 		}
 		return d, ferr
 	}
@@ -230,6 +270,13 @@ func (l *Limiter) onError(ctx context.Context, st *viewState, ri *ruleInfo, key 
 		return Decision{}, ctx.Err()
 	}
 	return l.fallback(st, ri, key, n, err)
+}
+
+// serverMessage is err's message without a leading `rule "name": `, so
+// that errors name the rule once.
+func (l *Limiter) serverMessage(err error) string {
+	msg := status.Convert(err).Message()
+	return strings.TrimPrefix(msg, fmt.Sprintf("rule %q: ", l.rule))
 }
 
 // policy resolves the fallback policy: the rule's from the view, else the

@@ -12,6 +12,7 @@ type metrics struct {
 	rpcs         *prometheus.CounterVec // method
 	fallback     prometheus.Gauge
 	defaultAllow prometheus.Counter
+	unknownRule  *prometheus.CounterVec // rule
 	leaseTokens  *prometheus.CounterVec // rule, event
 	batch        prometheus.Histogram
 
@@ -36,6 +37,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tokenserver_client_fallback_default_allow_total",
 			Help: "Fallback decisions allowed because neither the rule nor the limiter named a fallback policy.",
 		}),
+		unknownRule: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenserver_client_unknown_rule_total",
+			Help: "Calls for a rule the server says does not exist (decided by the limiter's fallback option, else allowed), by rule.",
+		}, []string{"rule"}),
 		leaseTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokenserver_client_lease_tokens_total",
 			Help: "Leased tokens by rule and event: granted, served locally, refilled to the server, expired unused.",
@@ -50,6 +55,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.rpcs = register(reg, m.rpcs)
 	m.fallback = register(reg, m.fallback)
 	m.defaultAllow = register(reg, m.defaultAllow)
+	m.unknownRule = register(reg, m.unknownRule)
 	m.leaseTokens = register(reg, m.leaseTokens)
 	m.batch = register(reg, m.batch)
 	m.rpcAcquire = m.rpcs.WithLabelValues("AcquireToken")

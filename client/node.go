@@ -8,8 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -60,6 +62,7 @@ func (n *node) close() {
 // call is one acquire waiting for its answer.
 type call struct {
 	req      *pb.AcquireTokenRequest
+	avoid    string // member ids the call must not be decided by (avoidHeader)
 	deadline time.Time
 	resp     *pb.AcquireTokenResponse
 	err      error
@@ -73,16 +76,30 @@ const (
 	callAbandoned
 )
 
+// avoidHeader is the server's AvoidHeader: member ids, comma-separated,
+// that the client cannot reach; the server sends their keys to their next
+// owners.
+const avoidHeader = "x-tokenserver-avoid"
+
+// withAvoid adds the avoid header to ctx when avoid is set.
+func withAvoid(ctx context.Context, avoid string) context.Context {
+	if avoid == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, avoidHeader, avoid)
+}
+
 // acquire sends one acquire to the node: through the dispatcher when
-// coalescing, else as its own RPC. ctx carries the call's deadline.
-func (n *node) acquire(ctx context.Context, req *pb.AcquireTokenRequest) (*pb.AcquireTokenResponse, error) {
+// coalescing, else as its own RPC. ctx carries the call's deadline; avoid
+// names the members the call must not be decided by.
+func (n *node) acquire(ctx context.Context, req *pb.AcquireTokenRequest, avoid string) (*pb.AcquireTokenResponse, error) {
 	if n.open.Load() {
 		return nil, errBreakerOpen
 	}
 	if n.c.o.coalesceWindow <= 0 {
 		var resp *pb.AcquireTokenResponse
 		budget := n.budget(ctx)
-		err := n.invoke(ctx, n.c.m.rpcAcquire, func(ctx context.Context) (err error) {
+		err := n.invoke(withAvoid(ctx, avoid), n.c.m.rpcAcquire, 0, func(ctx context.Context) (err error) {
 			resp, err = n.tc.AcquireToken(ctx, req)
 			return err
 		})
@@ -98,7 +115,7 @@ func (n *node) acquire(ctx context.Context, req *pb.AcquireTokenRequest) (*pb.Ac
 	if !ok {
 		dl = time.Now().Add(n.c.o.callTimeout)
 	}
-	cl := &call{req: req, deadline: dl, done: make(chan struct{})}
+	cl := &call{req: req, avoid: avoid, deadline: dl, done: make(chan struct{})}
 	select {
 	case n.in <- cl:
 	case <-ctx.Done():
@@ -235,12 +252,13 @@ func (n *node) send(batch []*call) {
 	}
 	ctx, cancel := context.WithDeadline(n.c.ctx, dl)
 	defer cancel()
+	ctx = withAvoid(ctx, batchAvoid(batch))
 	budget := time.Until(dl)
 	n.c.m.batch.Observe(float64(len(batch)))
 	var lost []*call // abandoned calls that got a grant
 	if len(batch) == 1 {
 		var resp *pb.AcquireTokenResponse
-		err := n.invoke(ctx, n.c.m.rpcAcquire, func(ctx context.Context) (err error) {
+		err := n.invoke(ctx, n.c.m.rpcAcquire, 0, func(ctx context.Context) (err error) {
 			resp, err = n.tc.AcquireToken(ctx, batch[0].req)
 			return err
 		})
@@ -255,7 +273,7 @@ func (n *node) send(batch []*call) {
 			req.Requests[i] = cl.req
 		}
 		var resp *pb.AcquireTokensResponse
-		err := n.invoke(ctx, n.c.m.rpcAcquireBatch, func(ctx context.Context) (err error) {
+		err := n.invoke(ctx, n.c.m.rpcAcquireBatch, 0, func(ctx context.Context) (err error) {
 			resp, err = n.tc.AcquireTokens(ctx, req)
 			return err
 		})
@@ -289,20 +307,38 @@ func (n *node) send(batch []*call) {
 	}
 }
 
+// batchAvoid is the union of the avoid lists of a batch's calls. Naming a
+// member for a call that did not is harmless: the server only reroutes the
+// keys of the named members, and a call reaches a node that is not its
+// key's owner only when the owner is named.
+func batchAvoid(batch []*call) string {
+	out := ""
+	for _, cl := range batch {
+		if cl.avoid != "" && cl.avoid != out && !strings.Contains(","+out+",", ","+cl.avoid+",") {
+			if out != "" {
+				out += ","
+			}
+			out += cl.avoid
+		}
+	}
+	return out
+}
+
 // Retry policy for calls that never reached a server.
 const (
 	maxRetries   = 2
 	retryBackoff = 5 * time.Millisecond
 )
 
-// invoke runs rpc, retrying it (at most maxRetries times, with jittered
+// invoke runs rpc, retrying it (at most retries times, with jittered
 // backoff, within ctx's deadline) only when it provably never reached the
-// server: the connection could not be made.
-func (n *node) invoke(ctx context.Context, counter interface{ Inc() }, rpc func(context.Context) error) error {
+// server: the connection could not be made. Acquires pass 0: the Limiter
+// sends them to another member instead.
+func (n *node) invoke(ctx context.Context, counter interface{ Inc() }, retries int, rpc func(context.Context) error) error {
 	for attempt := 0; ; attempt++ {
 		counter.Inc()
 		err := rpc(ctx)
-		if err == nil || attempt >= maxRetries || !notSent(err) {
+		if err == nil || attempt >= retries || !notSent(err) {
 			return err
 		}
 		wait := fullJitter(attempt, retryBackoff, 4*retryBackoff)
@@ -335,6 +371,26 @@ func notSent(err error) bool {
 		strings.Contains(msg, "produced zero addresses")
 }
 
+// notReadyReason is the server's NotReadyReason.
+const notReadyReason = "NOT_READY"
+
+// isNotReady reports whether err is a node's answer that it cannot decide
+// yet (no routing view, or its Raft log not replayed): the node was
+// reached and decided nothing, so the call may go again, to it or to
+// another member. Servers before the reason existed said "no routing view".
+func isNotReady(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == notReadyReason {
+			return true
+		}
+	}
+	return strings.Contains(st.Message(), "no routing view")
+}
+
 // isNodeFailure reports whether err says the node could not answer (as
 // opposed to an answer that is an error, like NotFound or
 // ResourceExhausted).
@@ -351,6 +407,9 @@ func isNodeFailure(err error) bool {
 // call timeout does not count (the caller's deadline was short, not the
 // node slow), nor does a call canceled by its caller or by Close.
 func (n *node) record(ctx context.Context, budget time.Duration, err error) {
+	if isNotReady(err) {
+		return // reachable, but not deciding yet: neither up nor down
+	}
 	if err == nil || !isNodeFailure(err) {
 		n.success()
 		return
@@ -414,8 +473,10 @@ func (n *node) failure() {
 }
 
 // probe asks the node for its view with full-jitter exponential backoff
-// (probeMin to probeMax) until it answers within the call timeout, then
-// closes the breaker.
+// until it answers within the call timeout as a ready node, then closes the
+// breaker and applies the view it answered. The backoff grows to probeMax,
+// but only to probeLiveMax while the node is a member of the client's view:
+// a node the cluster says is live is used again as soon as it answers.
 func (n *node) probe() {
 	for attempt := 0; ; attempt++ {
 		n.mu.Lock()
@@ -425,7 +486,11 @@ func (n *node) probe() {
 			return
 		}
 		n.mu.Unlock()
-		t := time.NewTimer(fullJitter(attempt, n.c.o.probeMin, n.c.o.probeMax))
+		maxD := n.c.o.probeMax
+		if n.c.isMember(n) {
+			maxD = min(maxD, n.c.o.probeLiveMax)
+		}
+		t := time.NewTimer(fullJitter(attempt, n.c.o.probeMin, maxD))
 		select {
 		case <-n.stop:
 			t.Stop()
@@ -435,11 +500,15 @@ func (n *node) probe() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(n.c.ctx, n.c.o.callTimeout)
+		ctx, cancel := context.WithTimeout(n.c.ctx, max(n.c.o.callTimeout, 100*time.Millisecond))
 		n.c.m.rpcView.Inc()
-		_, err := n.tc.GetClusterView(ctx, &pb.GetClusterViewRequest{})
+		v, err := n.tc.GetClusterView(ctx, &pb.GetClusterViewRequest{})
 		cancel()
-		if err == nil {
+		if err != nil {
+			continue
+		}
+		n.c.applyView(v, false)
+		if v.GetReady() {
 			n.c.log.Info("tokenserver client: node answers again", "addr", n.addr)
 			n.success()
 		}

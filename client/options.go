@@ -26,6 +26,10 @@ const (
 	DefaultMaxLocalLimiters = 10_000
 	// DefaultMaxLeaseKeys bounds the keys a leasing Limiter tracks.
 	DefaultMaxLeaseKeys = 10_000
+	// DefaultWatchSilence is how long the client waits for a message on
+	// its WatchClusterView stream (servers send one at least every second)
+	// before it moves the stream to another member.
+	DefaultWatchSilence = 2 * time.Second
 )
 
 // Option configures New.
@@ -41,6 +45,8 @@ type options struct {
 	breakerFails   int
 	probeMin       time.Duration
 	probeMax       time.Duration
+	probeLiveMax   time.Duration
+	watchSilence   time.Duration
 }
 
 func defaultOptions() options {
@@ -51,6 +57,8 @@ func defaultOptions() options {
 		breakerFails:   3,
 		probeMin:       50 * time.Millisecond,
 		probeMax:       5 * time.Second,
+		probeLiveMax:   250 * time.Millisecond,
+		watchSilence:   DefaultWatchSilence,
 	}
 }
 
@@ -108,7 +116,15 @@ func WithMaxLocalLimiters(n int) Option {
 
 // withBreaker tunes the circuit breaker (tests).
 func withBreaker(fails int, probeMin, probeMax time.Duration) Option {
-	return func(o *options) { o.breakerFails, o.probeMin, o.probeMax = fails, probeMin, probeMax }
+	return func(o *options) {
+		o.breakerFails, o.probeMin, o.probeMax = fails, probeMin, probeMax
+		o.probeLiveMax = min(o.probeLiveMax, probeMax)
+	}
+}
+
+// withWatchSilence sets how long a silent watch stream is followed (tests).
+func withWatchSilence(d time.Duration) Option {
+	return func(o *options) { o.watchSilence = d }
 }
 
 // FallbackPolicy is what a Limiter does when the server cannot answer. The
