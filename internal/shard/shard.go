@@ -16,6 +16,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/rule"
@@ -23,8 +24,9 @@ import (
 
 // Errors of Map. Each is wrapped with context; test with errors.Is.
 var (
-	// ErrBucketCap means the node holds Config.MaxBuckets buckets and a new
-	// key cannot get one.
+	// ErrBucketCap means the node holds Config.MaxBuckets buckets, or its
+	// buckets fill Config.MaxBytes (or the rule's fair share of it), and a
+	// new key cannot get one.
 	ErrBucketCap = errors.New("node bucket cap reached")
 	// ErrMaxKeys means the rule holds its max_keys keys on this node.
 	ErrMaxKeys = errors.New("rule key cap reached")
@@ -72,7 +74,20 @@ type Config struct {
 	// MaxBuckets caps live buckets on the node; a new key past it gets
 	// ErrBucketCap. 0 means no cap.
 	MaxBuckets int64
+	// MaxBytes is the node's bucket memory budget, in bytes: every bucket
+	// counts its key, its entry in the index and its algorithm's state
+	// (sliding logs and concurrency buckets by the entries they hold). A
+	// new key that does not fit, or a log or lease set that would grow past
+	// it, gets ErrBucketCap. Above FairShareAbove of the budget, a rule that
+	// holds more than its fair share (the budget divided among the rules
+	// holding buckets, at least two) gets no new keys, so that one rule's
+	// flood leaves room for the others. 0 means no budget.
+	MaxBytes int64
 }
+
+// FairShareAbove is the part of Config.MaxBytes, in percent, above which a
+// rule is held to its fair share.
+const FairShareAbove = 75
 
 // DefaultShards is the shard count when Config.Shards is 0: shards only
 // stripe inserts and evictions (decisions lock one bucket), and 64 keep a
@@ -92,6 +107,9 @@ type Map struct {
 	seed       maphash.Seed
 	keys       grantKeys
 	max        int64
+	budget     int64
+	used       atomic.Int64 // bytes of live buckets
+	active     atomic.Int64 // rule generations holding bytes
 	live       atomic.Int64
 	evicted    atomic.Int64
 	capDenials atomic.Int64
@@ -150,7 +168,7 @@ func New(c Config) *Map {
 		n = DefaultShards
 	}
 	n = 1 << bits.Len(uint(n-1))
-	m := &Map{shards: make([]shard, n), shift: uint(64 - bits.Len(uint(n-1))), seed: maphash.MakeSeed(), keys: newGrantKeys(), max: c.MaxBuckets}
+	m := &Map{shards: make([]shard, n), shift: uint(64 - bits.Len(uint(n-1))), seed: maphash.MakeSeed(), keys: newGrantKeys(), max: c.MaxBuckets, budget: c.MaxBytes}
 	if n == 1 {
 		m.shift = 64
 	}
@@ -203,12 +221,14 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 		sh.mu.Unlock()
 		return e, nil
 	}
-	if err := m.admitNew(sh, c, now); err != nil {
+	b := bucket.New(cfg, now)
+	size := entryFixed + keyBytes(len(bk)) + bucket.Bytes(b)
+	if err := m.admitNew(sh, c, size, now); err != nil {
 		sh.mu.Unlock()
 		return nil, err
 	}
 	first := max(uint64(now), m.dropped.Load()+1)
-	e := &entry{key: string(bk), seq: first - 1, first: first, b: bucket.New(cfg, now), rule: c}
+	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c}
 	e.mu.Lock()
 	sh.insert(m.seed, h, e)
 	sh.mu.Unlock()
@@ -340,7 +360,18 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	e.seq++
 	nonce := e.seq
 	req.LeaseID = nonce
+	var before int64
+	if grows := bucket.Grows(cfg.Algorithm); grows {
+		if m.budget > 0 && req.Permits > 0 && bucket.Full(e.b) && m.used.Load() >= m.budget {
+			e.mu.Unlock()
+			return Decision{}, m.errGrow(c)
+		}
+		before = bucket.Bytes(e.b)
+	}
 	d.Result, d.Reason = e.b.Acquire(cfg, now, req), ReasonLimit
+	if before != 0 {
+		m.charge(c, bucket.Bytes(e.b)-before)
+	}
 	if !d.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
 		e.penaltyUntil = now + int64(c.Rule.Penalty)
 		d.RetryAfter = max(d.RetryAfter, int64(c.Rule.Penalty))
@@ -362,9 +393,9 @@ func shadow(c *rule.Compiled, d *Decision, req bucket.Request) {
 	}
 }
 
-// admitNew counts a new bucket against the node's and the rule's caps;
-// sh.mu is held.
-func (m *Map) admitNew(sh *shard, c *rule.Compiled, now int64) error {
+// admitNew counts a new bucket of size bytes against the node's and the
+// rule's caps; sh.mu is held.
+func (m *Map) admitNew(sh *shard, c *rule.Compiled, size, now int64) error {
 	if m.max > 0 {
 		if m.live.Load() >= m.max {
 			m.evictIdle(sh, now, 64)
@@ -376,14 +407,91 @@ func (m *Map) admitNew(sh *shard, c *rule.Compiled, now int64) error {
 	} else {
 		m.live.Add(1)
 	}
+	if err := m.admitBytes(sh, c, size, now); err != nil {
+		m.live.Add(-1)
+		m.capDenials.Add(1)
+		return err
+	}
 	if c.MaxKeys > 0 && !incrementBelow(c.KeyCount, c.MaxKeys) {
 		m.live.Add(-1)
+		m.charge(c, -size)
 		m.capDenials.Add(1)
 		return fmt.Errorf("%w: rule %q holds its max_keys %d keys on this node", ErrMaxKeys, c.Rule.Name, c.MaxKeys)
 	} else if c.MaxKeys == 0 {
 		c.KeyCount.Add(1)
 	}
 	return nil
+}
+
+// admitBytes charges size bytes of a new bucket of c against the budget
+// and c's fair share; sh.mu is held.
+func (m *Map) admitBytes(sh *shard, c *rule.Compiled, size, now int64) error {
+	if m.budget <= 0 {
+		m.charge(c, size)
+		return nil
+	}
+	if m.used.Load()+size > m.budget {
+		m.evictIdle(sh, now, 64)
+	}
+	if used := m.used.Add(size); used > m.budget {
+		m.used.Add(-size)
+		return fmt.Errorf("%w: buckets hold %d bytes of the node's %d-byte bucket memory budget", ErrBucketCap, used-size, m.budget)
+	} else if used > m.budget/100*FairShareAbove {
+		mine := c.Bytes.Load()
+		rules := m.active.Load()
+		if mine == 0 {
+			rules++
+		}
+		if share := m.budget / max(rules, 2); mine+size > share {
+			m.used.Add(-size)
+			return fmt.Errorf("%w: rule %q holds %d bytes, its fair share of the node's %d-byte bucket memory budget among %d rules is %d", ErrBucketCap, c.Rule.Name, mine, m.budget, max(rules, 2), share)
+		}
+	}
+	m.used.Add(-size)
+	m.charge(c, size)
+	return nil
+}
+
+// charge adds d bytes to the node's and c's bucket memory.
+func (m *Map) charge(c *rule.Compiled, d int64) {
+	if d == 0 {
+		return
+	}
+	m.used.Add(d)
+	n := c.Bytes.Add(d)
+	switch old := n - d; {
+	case old <= 0 && n > 0:
+		m.active.Add(1)
+	case old > 0 && n <= 0:
+		m.active.Add(-1)
+	}
+}
+
+// errGrow is the error of a sliding log or lease set that would grow past
+// the budget.
+func (m *Map) errGrow(c *rule.Compiled) error {
+	m.capDenials.Add(1)
+	return fmt.Errorf("%w: the node's %d-byte bucket memory budget is full; rule %q's bucket for this key cannot hold more entries", ErrBucketCap, m.budget, c.Rule.Name)
+}
+
+// entryFixed is what every bucket costs besides its key and algorithm
+// state: the entry and its share of the index's slots (8 bytes a slot,
+// kept between 3/8 and 3/4 full).
+const entryFixed = int64(unsafe.Sizeof(entry{})) + 16
+
+// keyBytes is the heap size of a key of n bytes (rounded to 8).
+func keyBytes(n int) int64 { return int64(n+7) &^ 7 }
+
+// bytes is the memory e holds; e.mu is held.
+func (e *entry) bytes() int64 {
+	return entryFixed + keyBytes(len(e.key)) + bucket.Bytes(e.b) + e.refilled.bytes()
+}
+
+func (l *refillLog) bytes() int64 {
+	if l == nil {
+		return 0
+	}
+	return int64(unsafe.Sizeof(*l)) + int64(cap(l.nonces))*8 + int64(cap(l.expires))*8
 }
 
 // incrementBelow adds one to n unless that would reach past limit.
@@ -420,6 +528,11 @@ func (m *Map) resolve(e *entry, c *rule.Compiled, key string, now int64) (*rule.
 func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
 	old := e.rule
 	newCfg := c.ConfigFor(key)
+	before := e.bytes()
+	defer func() {
+		m.charge(old, -before)
+		m.charge(e.rule, e.bytes())
+	}()
 	if old.Rule.Generation == c.Rule.Generation && old.Rule.Algorithm == c.Rule.Algorithm {
 		oldCfg := old.ConfigFor(key)
 		e.b.Reconfigure(oldCfg, newCfg, now)
@@ -496,8 +609,13 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	bg := bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}
 	if cfg.Algorithm == bucket.Concurrency {
 		refilled = e.b.Refill(cfg, now, bg, g.Permits)
-	} else if e.refillOnce(g.Nonce, g.IssuedAt, validity(cfg), now) {
-		refilled = e.b.Refill(cfg, now, bg, permits)
+	} else {
+		before := e.refilled.bytes()
+		full := m.budget > 0 && m.used.Load() >= m.budget
+		if e.refillOnce(g.Nonce, g.IssuedAt, validity(cfg), now, !full) {
+			refilled = e.b.Refill(cfg, now, bg, permits)
+		}
+		m.charge(c, e.refilled.bytes()-before)
 	}
 	return refilled, e.b.Acquire(cfg, now, bucket.Request{}).Remaining, nil
 }
@@ -514,14 +632,17 @@ func validity(cfg *bucket.Config) int64 {
 // refillOnce records that the grant nonce, made at issued and refillable
 // for valid nanoseconds, is being given back, and reports false when it
 // already was, it expired, it predates the record's floor, or the record is
-// full.
-func (e *entry) refillOnce(nonce uint64, issued, valid, now int64) bool {
+// full (or would have to grow and grow is false).
+func (e *entry) refillOnce(nonce uint64, issued, valid, now int64, grow bool) bool {
 	expires := addSat(issued, valid)
 	if expires <= now {
 		return false
 	}
 	l := e.refilled
 	if l == nil {
+		if !grow {
+			return false
+		}
 		l = &refillLog{}
 		e.refilled = l
 	}
@@ -539,8 +660,8 @@ func (e *entry) refillOnce(nonce uint64, issued, valid, now int64) bool {
 		}
 	}
 	l.nonces, l.expires = l.nonces[:j], l.expires[:j]
-	if j >= maxRefillLog {
-		return false
+	if j >= maxRefillLog || !grow && (j == cap(l.nonces) || j == cap(l.expires)) {
+		return false // full, or the memory budget is: giving nothing back never over-admits
 	}
 	l.nonces = append(l.nonces, nonce)
 	l.expires = append(l.expires, expires)
@@ -646,6 +767,7 @@ func (m *Map) evictIdle(sh *shard, now int64, limit int) {
 func (m *Map) drop(sh *shard, e *entry) {
 	sh.remove(maphash.String(m.seed, e.key), e)
 	m.live.Add(-1)
+	m.charge(e.rule, -e.bytes())
 	e.rule.KeyCount.Add(-1)
 	e.rule = nil
 	for d := m.dropped.Load(); d < e.seq && !m.dropped.CompareAndSwap(d, e.seq); d = m.dropped.Load() {
@@ -700,6 +822,13 @@ func (m *Map) Live() int64 { return m.live.Load() }
 
 // Evicted is the number of buckets dropped since start.
 func (m *Map) Evicted() int64 { return m.evicted.Load() }
+
+// Bytes is the memory the buckets hold, as counted against
+// Config.MaxBytes.
+func (m *Map) Bytes() int64 { return m.used.Load() }
+
+// MaxBytes is the bucket memory budget (0: none).
+func (m *Map) MaxBytes() int64 { return m.budget }
 
 // CapDenials is the number of new keys refused by the node or rule caps.
 func (m *Map) CapDenials() int64 { return m.capDenials.Load() }

@@ -152,5 +152,8 @@ func TestStressChurn(t *testing.T) {
 	if c := s.Table().Get("log"); c != nil && c.KeyCount.Load() > maxKeys {
 		t.Errorf("log holds %d keys, above max_keys %d", c.KeyCount.Load(), maxKeys)
 	}
+	if n := m.Sweep(clock.Load()+int64(2*time.Hour), s.Table()); m.Live() != 0 || m.Bytes() != 0 || m.active.Load() != 0 {
+		t.Errorf("after a final sweep (%d dropped): live %d, bytes %d, rules holding bytes %d; want 0 (accounting drifted)", n, m.Live(), m.Bytes(), m.active.Load())
+	}
 	t.Logf("%d (key, generation) pairs, fake span %v, %d evicted", len(net), span, m.Evicted())
 }
