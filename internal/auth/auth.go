@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -419,16 +420,40 @@ type principalStream struct {
 func (s *principalStream) Context() context.Context { return s.ctx }
 
 // BearerToken is gRPC per-RPC credentials sending `authorization: Bearer
-// token`; with requireTLS it refuses to send the token over plaintext.
+// Token`. Over a connection without TLS it sends the token only to a
+// loopback address (a token never leaves the host in clear text).
 type BearerToken struct {
-	Token      string
-	RequireTLS bool
+	Token string
 }
 
 // GetRequestMetadata implements credentials.PerRPCCredentials.
-func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+func (b BearerToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	if err := PlaintextTokenCheck(ctx, uri...); err != nil {
+		return nil, err
+	}
 	return map[string]string{"authorization": "Bearer " + b.Token}, nil
 }
 
-// RequireTransportSecurity implements credentials.PerRPCCredentials.
-func (b BearerToken) RequireTransportSecurity() bool { return b.RequireTLS }
+// RequireTransportSecurity implements credentials.PerRPCCredentials: false,
+// so that loopback works without TLS; GetRequestMetadata guards the rest.
+func (b BearerToken) RequireTransportSecurity() bool { return false }
+
+// PlaintextTokenCheck fails when the call in ctx travels without TLS to a
+// host that is not a loopback address; uri is the audience gRPC passes to
+// GetRequestMetadata.
+func PlaintextTokenCheck(ctx context.Context, uri ...string) error {
+	ri, _ := credentials.RequestInfoFromContext(ctx)
+	if credentials.CheckSecurityLevel(ri.AuthInfo, credentials.PrivacyAndIntegrity) == nil {
+		return nil
+	}
+	host := ""
+	if len(uri) > 0 {
+		if u, err := url.Parse(uri[0]); err == nil {
+			host = u.Hostname()
+		}
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return status.Errorf(codes.Unauthenticated, "refusing to send a bearer token without TLS to %q: set TLS up (a CA to verify the server)", host)
+}

@@ -132,7 +132,7 @@ func TestGRPC(t *testing.T) {
 	addr, r := startServer(t, p, tlsutil.ClientAuthRequest)
 	tlsCreds := grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(nil)))
 	token := func(tok string) grpc.DialOption {
-		return grpc.WithPerRPCCredentials(BearerToken{Token: tok, RequireTLS: true})
+		return grpc.WithPerRPCCredentials(BearerToken{Token: tok})
 	}
 	peerTLS, err := r.PeerClientConfig()
 	if err != nil {
@@ -209,7 +209,7 @@ func TestGRPCRequire(t *testing.T) {
 	p := newTestPKI(t)
 	addr, _ := startServer(t, p, tlsutil.ClientAuthRequire)
 	c := conn(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(nil))),
-		grpc.WithPerRPCCredentials(BearerToken{Token: adminTok, RequireTLS: true}))
+		grpc.WithPerRPCCredentials(BearerToken{Token: adminTok}))
 	if _, err := c.NodeStatus(ctx(t), &pb.NodeStatusRequest{}); status.Code(err) != codes.Unavailable {
 		t.Errorf("no certificate: %v, want Unavailable (handshake refused)", err)
 	}
@@ -223,5 +223,29 @@ func writeFile(t *testing.T, name string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(name, data, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBearerTokenPlaintext: without TLS a token goes to a loopback address
+// only.
+func TestBearerTokenPlaintext(t *testing.T) {
+	a := newAuth(t, Options{TokenFile: testTokenFile(t)})
+	srv := grpc.NewServer(grpc.UnaryInterceptor(a.UnaryInterceptor()))
+	pb.RegisterAdminServiceServer(srv, adminStub{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+	creds := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(BearerToken{Token: adminTok})}
+	c := conn(t, ln.Addr().String(), creds...)
+	if _, err := c.NodeStatus(ctx(t), &pb.NodeStatusRequest{}); !strings.Contains(fmt.Sprint(err), "principal=token:ops") {
+		t.Errorf("plaintext to loopback: %v", err)
+	}
+	c = conn(t, ln.Addr().String(), append(creds, grpc.WithAuthority("tokenserver.example:7070"))...)
+	_, err = c.NodeStatus(ctx(t), &pb.NodeStatusRequest{})
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "refusing to send a bearer token without TLS") {
+		t.Errorf("plaintext to a remote name: %v", err)
 	}
 }
