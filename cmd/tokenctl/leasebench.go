@@ -28,7 +28,11 @@ func (a *app) newLeaseBench(ctx context.Context, o benchOpts, rule *pb.Rule) (*l
 		return nil, usagef("rule %q allows no leases (set --lease-max and --lease-ttl on the rule)", o.rule)
 	}
 	lb := &leaseBench{reg: prometheus.NewRegistry()}
-	c, err := client.New(ctx, []string{a.server}, client.WithMetrics(lb.reg), client.WithCallTimeout(time.Second))
+	sec, err := a.sec.clientOptions()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(ctx, []string{a.server}, append(sec, client.WithMetrics(lb.reg), client.WithCallTimeout(time.Second))...)
 	if err != nil {
 		return nil, fmt.Errorf("bench: client: %w", err)
 	}

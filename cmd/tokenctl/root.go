@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -41,6 +40,7 @@ type app struct {
 	server         string
 	timeout        time.Duration
 	output         string
+	sec            security
 }
 
 // json reports whether -o json was asked for.
@@ -57,11 +57,15 @@ func (a *app) context(cmd *cobra.Command, extra time.Duration) (context.Context,
 	return context.WithTimeout(cmd.Context(), a.timeout+extra)
 }
 
-// dial returns a client connection to --server. grpc.NewClient does not
-// connect: the first call does, and fails with Unavailable when nothing
-// answers.
+// dial returns a client connection to --server, with TLS and a bearer
+// token when the security flags say so. grpc.NewClient does not connect:
+// the first call does, and fails with Unavailable when nothing answers.
 func (a *app) dial() (*grpc.ClientConn, error) {
-	c, err := grpc.NewClient(a.server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := a.sec.dialOptions()
+	if err != nil {
+		return nil, err
+	}
+	c, err := grpc.NewClient(a.server, opts...)
 	if err != nil {
 		return nil, usagef("--server %q: %v", a.server, err)
 	}
@@ -126,6 +130,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 	pf.StringVar(&a.server, "server", server, "gRPC address of a tokenserver node (env "+serverEnv+")")
 	pf.DurationVar(&a.timeout, "timeout", defaultTimeout, "deadline of the whole command; calls failing with Unavailable are retried within it")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	a.sec.addFlags(pf)
 
 	root.AddCommand(
 		newRuleCmd(a),
@@ -136,6 +141,8 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 		newSnapshotCmd(a),
 		newBenchCmd(a),
 		newBenchServerCmd(a),
+		newCertsCmd(a),
+		newTokenCmd(a),
 	)
 	return root
 }
