@@ -68,7 +68,23 @@ const (
 	// ColdFactor is the warm-up cold factor: a cold key is admitted at
 	// 1/ColdFactor of the rate.
 	ColdFactor = 3
+	// MaxLimit is the largest Limit and Burst: 2^53, the largest integer
+	// float64 token arithmetic holds exactly.
+	MaxLimit = 1 << 53
+	// MaxDuration is the longest Period and Warmup (and the longest
+	// duration internal/rule accepts anywhere): 10 years, so that now plus
+	// any duration stays far from the int64 bounds.
+	MaxDuration = 10 * 365 * 24 * int64(time.Hour)
+	// MaxConcurrencyPeriod is the longest Concurrency Period, the lifetime
+	// of a lease that is not renewed: one day.
+	MaxConcurrencyPeriod = 24 * int64(time.Hour)
 )
+
+// OffersPartial reports whether algorithm a can grant part of a request
+// (Request.Partial): token bucket, fixed window and sliding window.
+func OffersPartial(a Algorithm) bool {
+	return a == TokenBucket || a == FixedWindow || a == SlidingWindow
+}
 
 var algorithmNames = [...]string{"unspecified", "token-bucket", "leaky-bucket", "fixed-window", "sliding-window", "sliding-log", "concurrency"}
 
@@ -136,10 +152,20 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("algorithm: %w", ErrUnknownAlgorithm)
 	case c.Limit <= 0:
 		return fmt.Errorf("limit must be > 0, got %d", c.Limit)
+	case c.Limit > MaxLimit:
+		return fmt.Errorf("limit %d is above the largest supported limit %d (2^53)", c.Limit, int64(MaxLimit))
 	case c.Period <= 0:
 		return fmt.Errorf("period must be > 0, got %v", time.Duration(c.Period))
+	case c.Period > MaxDuration:
+		return fmt.Errorf("period %v is above the longest supported duration %v (10 years)", time.Duration(c.Period), time.Duration(MaxDuration))
+	case c.Algorithm == Concurrency && c.Period > MaxConcurrencyPeriod:
+		return fmt.Errorf("period %v is above the longest concurrency lease %v; renew leases instead", time.Duration(c.Period), time.Duration(MaxConcurrencyPeriod))
 	case c.Burst < 0:
 		return fmt.Errorf("burst must be >= 0, got %d", c.Burst)
+	case c.Burst > MaxLimit:
+		return fmt.Errorf("burst %d is above the largest supported burst %d (2^53)", c.Burst, int64(MaxLimit))
+	case c.Warmup > MaxDuration:
+		return fmt.Errorf("warmup %v is above the longest supported duration %v (10 years)", time.Duration(c.Warmup), time.Duration(MaxDuration))
 	case c.SampleCount < 0 || c.SampleCount > MaxSampleCount:
 		return fmt.Errorf("sample_count must be between 1 and %d, got %d", MaxSampleCount, c.SampleCount)
 	case c.Warmup < 0:

@@ -131,7 +131,7 @@ func (b *tokenBucket) result(c *Config, res Result) Result {
 	t := b.tokens
 	fcap := float64(c.Capacity())
 	eps := tokenEps(c)
-	res.Remaining = min(c.Capacity(), int64(math.Floor(max(t, 0)+eps)))
+	res.Remaining = max(0, min(c.Capacity(), int64(math.Floor(min(max(t, 0)+eps, float64(c.Capacity()))))))
 	if t < fcap {
 		res.ResetAfter = minTrue(timeFor(c, fcap-t), func(w int64) bool {
 			return t+refillIn(c, w) >= fcap

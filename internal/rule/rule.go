@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 )
@@ -22,6 +23,15 @@ const (
 	MaxListLen = 10_000
 	// DefaultLogMaxKeys is MaxKeys for a sliding-log rule that sets none.
 	DefaultLogMaxKeys = 10_000
+	// DefaultConcurrencyMaxKeys is MaxKeys for a concurrency rule that sets
+	// none: its leases cost memory per entry, like a sliding log's.
+	DefaultConcurrencyMaxKeys = 10_000
+	// MaxRuleBytes is the largest rule, as counted by EncodedSize: 1 MiB.
+	MaxRuleBytes = 1 << 20
+	// MaxLeaseTTL is the longest lease.ttl a rule may give clients: one day.
+	MaxLeaseTTL = 24 * time.Hour
+	// DefaultMaxRules is the default cap on rules per cluster.
+	DefaultMaxRules = 10_000
 )
 
 // FallbackPolicy is what a client SDK does when it cannot reach the server.
@@ -156,6 +166,9 @@ func ValidName(s string) error {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-') {
+			if c >= utf8.RuneSelf {
+				return Invalid("rule name %q: byte %#x at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
+			}
 			return Invalid("rule name %q: character %q at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
 		}
 	}
@@ -176,6 +189,9 @@ func keyProblem(s string) string {
 	}
 	if len(s) > MaxKeyLen {
 		return fmt.Sprintf("key is %d bytes, above the limit of %d", len(s), MaxKeyLen)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Sprintf("key %q is not valid UTF-8", s)
 	}
 	return ""
 }
@@ -203,12 +219,32 @@ func (r *Rule) overrideConfig(o Override) bucket.Config {
 	return c
 }
 
-// EffectiveMaxKeys is MaxKeys with the sliding-log default applied; 0 is no cap.
+// EffectiveMaxKeys is MaxKeys with the sliding-log and concurrency defaults
+// applied; 0 is no cap.
 func (r *Rule) EffectiveMaxKeys() int64 {
 	if r.MaxKeys == 0 && r.Algorithm == bucket.SlidingLog {
 		return DefaultLogMaxKeys
 	}
+	if r.MaxKeys == 0 && r.Algorithm == bucket.Concurrency {
+		return DefaultConcurrencyMaxKeys
+	}
 	return r.MaxKeys
+}
+
+// EncodedSize is about the bytes the rule takes on the wire and in the Raft
+// log (an upper estimate of its proto encoding), without encoding it.
+func (r *Rule) EncodedSize() int {
+	n := 128 + len(r.Name) // the scalar fields and their tags
+	for _, o := range r.Overrides {
+		n += len(o.Key) + 32
+	}
+	for _, k := range r.Deny {
+		n += len(k) + 4
+	}
+	for _, k := range r.Allow {
+		n += len(k) + 4
+	}
+	return n
 }
 
 // Validate reports the first problem with the rule as an ErrInvalid error
@@ -224,6 +260,10 @@ func (r *Rule) Validate() error {
 	switch {
 	case r.Penalty < 0:
 		return Invalid("rule %q: penalty must be >= 0, got %v", r.Name, r.Penalty)
+	case r.Penalty > time.Duration(bucket.MaxDuration):
+		return Invalid("rule %q: penalty %v is above the longest supported duration %v (10 years)", r.Name, r.Penalty, time.Duration(bucket.MaxDuration))
+	case r.EncodedSize() > MaxRuleBytes:
+		return Invalid("rule %q: about %d bytes encoded, above the limit of %d (1 MiB); use fewer or shorter override, deny and allow keys", r.Name, r.EncodedSize(), MaxRuleBytes)
 	case r.MaxKeys < 0:
 		return Invalid("rule %q: max_keys must be >= 0, got %d", r.Name, r.MaxKeys)
 	case len(r.Overrides) > MaxListLen:
@@ -244,6 +284,10 @@ func (r *Rule) Validate() error {
 		return Invalid("rule %q: lease.max_batch must be >= 0, got %d", r.Name, r.Lease.MaxBatch)
 	case r.Lease.TTL < 0:
 		return Invalid("rule %q: lease.ttl must be >= 0, got %v", r.Name, r.Lease.TTL)
+	case r.Lease.TTL > MaxLeaseTTL:
+		return Invalid("rule %q: lease.ttl %v is above the limit of %v", r.Name, r.Lease.TTL, MaxLeaseTTL)
+	case r.Fallback.Limit > bucket.MaxLimit:
+		return Invalid("rule %q: fallback.limit %d is above the largest supported limit %d", r.Name, r.Fallback.Limit, int64(bucket.MaxLimit))
 	case r.Lease.MaxBatch > 0 && r.Lease.TTL == 0:
 		return Invalid("rule %q: lease.ttl must be > 0 when lease.max_batch is set", r.Name)
 	case r.Lease.MaxBatch > 0 && !leasable(r.Algorithm):

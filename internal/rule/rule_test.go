@@ -3,6 +3,8 @@ package rule
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +53,26 @@ func TestValidate(t *testing.T) {
 		{"lease ttl above period", func(r *Rule) { r.Lease = Lease{MaxBatch: 2, TTL: 2 * time.Second} }, "longer than the period"},
 		{"lease batch above capacity", func(r *Rule) { r.Lease = Lease{MaxBatch: 11, TTL: time.Second} }, "above the capacity"},
 		{"lease ok", func(r *Rule) { r.Lease = Lease{MaxBatch: 5, TTL: 500 * time.Millisecond} }, ""},
+		// Edges of the arithmetic and bad bytes.
+		{"limit above 2^53", func(r *Rule) { r.Limit = math.MaxInt64 }, "limit 9223372036854775807 is above the largest supported limit"},
+		{"limit at 2^53", func(r *Rule) { r.Limit = bucket.MaxLimit }, ""},
+		{"burst above 2^53", func(r *Rule) { r.Burst = bucket.MaxLimit + 1 }, "burst 9007199254740993 is above"},
+		{"override limit above 2^53", func(r *Rule) { r.Overrides = []Override{{Key: "vip", Limit: math.MaxInt64}} }, `overrides[0] (key "vip"): limit`},
+		{"period past int64 ns", func(r *Rule) { r.Period = math.MaxInt64 }, "period 2562047h47m16.854775807s is above the longest supported duration"},
+		{"period 10 years", func(r *Rule) { r.Period = time.Duration(bucket.MaxDuration) }, ""},
+		{"penalty 292 years", func(r *Rule) { r.Penalty = math.MaxInt64 }, "penalty 2562047h47m16.854775807s is above"},
+		{"warmup past int64 ns", func(r *Rule) { r.Warmup = math.MaxInt64 }, "warmup 2562047h47m16.854775807s is above"},
+		{"lease ttl above a day", func(r *Rule) { r.Period, r.Lease = 48*time.Hour, Lease{MaxBatch: 1, TTL: 25 * time.Hour} }, "lease.ttl 25h0m0s is above the limit of 24h0m0s"},
+		{"concurrency lease above a day", func(r *Rule) { r.Algorithm, r.Period = bucket.Concurrency, 365*24*time.Hour }, "above the longest concurrency lease"},
+		{"fallback limit above 2^53", func(r *Rule) { r.Fallback = Fallback{Policy: FallbackLocal, Limit: math.MaxInt64} }, "fallback.limit 9223372036854775807 is above"},
+		{"deny invalid utf-8", func(r *Rule) { r.Deny = []string{"ok", "a\xffb"} }, `deny[1]: key "a\xffb" is not valid UTF-8`},
+		{"override invalid utf-8", func(r *Rule) { r.Overrides = []Override{{Key: "\xc3", Limit: 1}} }, "overrides[0]: key \"\\xc3\" is not valid UTF-8"},
+		{"name invalid utf-8", func(r *Rule) { r.Name = "a\xff" }, `rule name "a\xff": byte 0xff at 1`},
+		{"rule above 1 MiB", func(r *Rule) {
+			for i := range 5000 {
+				r.Deny = append(r.Deny, fmt.Sprintf("%0250d", i))
+			}
+		}, "above the limit of 1048576 (1 MiB)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

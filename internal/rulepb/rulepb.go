@@ -3,6 +3,7 @@
 package rulepb
 
 import (
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -46,14 +47,19 @@ func FromProto(p *pb.Rule) *rule.Rule {
 	return r
 }
 
-// dur reads a Duration; an invalid one (nanos out of range) becomes -1 so
-// that validation refuses it.
+// dur reads a Duration. One past what int64 nanoseconds hold saturates
+// (AsDuration), and a malformed one becomes the bound of its sign, so that
+// validation refuses it naming the field ("above the longest supported
+// duration", "must be > 0").
 func dur(d *durationpb.Duration) time.Duration {
 	if d == nil {
 		return 0
 	}
 	if err := d.CheckValid(); err != nil {
-		return -1
+		if d.GetSeconds() > 0 || d.GetSeconds() == 0 && d.GetNanos() > 0 {
+			return math.MaxInt64
+		}
+		return math.MinInt64
 	}
 	return d.AsDuration()
 }

@@ -116,3 +116,20 @@ func TestLogGrowthBudget(t *testing.T) {
 		t.Fatalf("counted %d bytes, budget %d", m.Bytes(), m.MaxBytes())
 	}
 }
+
+// TestPartialOnlyWhereOffered: partial on an algorithm that grants all or
+// nothing is a bad request, not a grant.
+func TestPartialOnlyWhereOffered(t *testing.T) {
+	var rules []*rule.Rule
+	for _, a := range []bucket.Algorithm{bucket.TokenBucket, bucket.LeakyBucket, bucket.FixedWindow, bucket.SlidingWindow, bucket.SlidingLog, bucket.Concurrency} {
+		rules = append(rules, &rule.Rule{Name: a.String(), Algorithm: a, Limit: 5, Period: time.Second})
+	}
+	_, get := store(t, rules...)
+	m := New(Config{})
+	for _, r := range rules {
+		_, err := m.Acquire(get(r.Name), "k", bucket.Request{Permits: 2, Partial: true}, 100*sec)
+		if want := bucket.OffersPartial(r.Algorithm); (err == nil) != want || !want && !errors.Is(err, rule.ErrInvalid) {
+			t.Errorf("%s: partial acquire error %v, want an error: %v", r.Name, err, !want)
+		}
+	}
+}

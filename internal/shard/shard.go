@@ -236,11 +236,14 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 }
 
 // CheckRequest reports whether req is acceptable for cfg: permits >= 0, at
-// most the capacity unless partial, max_wait within [0, period].
+// most the capacity unless partial, partial only where the algorithm offers
+// it, max_wait within [0, period].
 func CheckRequest(cfg *bucket.Config, req bucket.Request) error {
 	switch {
 	case req.Permits < 0:
 		return rule.Invalid("permits must be >= 0, got %d", req.Permits)
+	case req.Partial && !bucket.OffersPartial(cfg.Algorithm):
+		return rule.Invalid("partial: %s grants all or nothing; partial grants are offered by token-bucket, fixed-window and sliding-window", cfg.Algorithm)
 	case req.Permits > cfg.Capacity() && !req.Partial:
 		return rule.Invalid("permits %d is above the key's capacity %d and could never be granted; ask for at most %d or set partial", req.Permits, cfg.Capacity(), cfg.Capacity())
 	case req.MaxWait < 0:
@@ -373,7 +376,7 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		m.charge(c, bucket.Bytes(e.b)-before)
 	}
 	if !d.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
-		e.penaltyUntil = now + int64(c.Rule.Penalty)
+		e.penaltyUntil = addSat(now, int64(c.Rule.Penalty))
 		d.RetryAfter = max(d.RetryAfter, int64(c.Rule.Penalty))
 	}
 	e.mu.Unlock()
