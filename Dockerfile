@@ -1,13 +1,17 @@
 # A static, non-root tokenserver image. Build: docker build -t tokenserver .
+# (or --build-arg VERSION=v1.2.3 to name the build in --version and
+# tokenserver_build_info).
 FROM golang:1.26 AS build
+ARG VERSION=container
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY cmd/ cmd/
+COPY client/ client/
 COPY internal/ internal/
 COPY proto/ proto/
-RUN CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/tokenserver ./cmd/tokenserver && \
-    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/tokenctl ./cmd/tokenctl
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/tokenserver/tokenserver/internal/buildinfo.buildVersion=${VERSION}" -o /out/tokenserver ./cmd/tokenserver && \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/tokenserver/tokenserver/internal/buildinfo.buildVersion=${VERSION}" -o /out/tokenctl ./cmd/tokenctl
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/tokenserver /out/tokenctl /usr/local/bin/

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -13,7 +14,7 @@ import (
 func newClusterCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
-		Short: "Cluster membership: status, join, remove",
+		Short: "Cluster membership: status, join, remove, drain",
 		Args:  cobra.ArbitraryArgs,
 		RunE:  groupRunE,
 	}
@@ -37,10 +38,20 @@ func newClusterCmd(a *app) *cobra.Command {
 			}
 			fmt.Fprintf(a.stdout, "leader: %s  epoch: %d  answered by: %s\n", leader, resp.GetEpoch(), resp.GetAnsweredBy())
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tGRPC\tRAFT\tROLE\tVOTER\tLIVE\tTERM\tCOMMIT\tAPPLIED")
+			fmt.Fprintln(tw, "ID\tGRPC\tRAFT\tROLE\tSUFFRAGE\tLIVE\tREADY\tHEALTHY\tTERM\tCOMMIT\tAPPLIED\tSTABILIZATION")
 			for _, m := range resp.GetMembers() {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%t\t%d\t%d\t%d\n", m.GetId(), m.GetGrpcAddr(), m.GetRaftAddr(), m.GetRole(),
-					m.GetVoter(), m.GetLive(), m.GetTerm(), m.GetCommitIndex(), m.GetAppliedIndex())
+				suffrage := m.GetSuffrage()
+				if suffrage == "" {
+					suffrage = map[bool]string{true: "voter", false: "nonvoter"}[m.GetVoter()]
+				}
+				health, stab := "?", m.GetStabilization()
+				if stab != "" {
+					health = fmt.Sprintf("%t (%s)", m.GetHealthy(), m.GetHealthFor().AsDuration().Round(time.Second))
+				} else {
+					stab = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%t\t%t\t%s\t%d\t%d\t%d\t%s\n", m.GetId(), m.GetGrpcAddr(), m.GetRaftAddr(), m.GetRole(),
+					suffrage, m.GetLive(), m.GetReady(), health, m.GetTerm(), m.GetCommitIndex(), m.GetAppliedIndex(), stab)
 			}
 			return tw.Flush()
 		},
@@ -48,7 +59,13 @@ func newClusterCmd(a *app) *cobra.Command {
 	var raftAddr, grpcAddr string
 	join := &cobra.Command{
 		Use:   "join ID RAFT_ADDR GRPC_ADDR",
-		Short: "Add a node to the cluster (a voter while there are fewer than 5)",
+		Short: "Add a node to the cluster as a non-voter; autopilot promotes it once stable",
+		Long: `Add a node to the cluster. The node must answer at RAFT_ADDR as ID with
+GRPC_ADDR, or the join is refused. It enters as a non-voter and is promoted
+to voter once it has stayed healthy (caught up) for the servers'
+--stabilization-time, up to --max-voters. An ID already in the cluster with
+another address is replaced only after the old member has been unreachable
+for the stabilization time. Nodes started with --join do this themselves.`,
 		Example: `  tokenctl cluster join node-4 10.0.0.4:7071 10.0.0.4:7070
   tokenctl cluster join node-4 --raft-addr 10.0.0.4:7071 --grpc-addr 10.0.0.4:7070`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -74,7 +91,7 @@ func newClusterCmd(a *app) *cobra.Command {
 	join.Flags().StringVar(&grpcAddr, "grpc-addr", "", "the node's gRPC address (instead of GRPC_ADDR)")
 	remove := &cobra.Command{
 		Use:   "remove ID",
-		Short: "Take a node out of the cluster",
+		Short: "Take a node out of the cluster (refused when it would leave the voters without a live quorum)",
 		Args:  argNames("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.simpleAdmin(cmd, fmt.Sprintf("remove %s", args[0]), fmt.Sprintf("node %s removed", args[0]),
@@ -84,7 +101,19 @@ func newClusterCmd(a *app) *cobra.Command {
 				})
 		},
 	}
-	cmd.AddCommand(status, join, remove)
+	drain := &cobra.Command{
+		Use:   "drain ID",
+		Short: "Take a node out of the routing view until its next start (its keys move to their next owners)",
+		Args:  argNames("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.simpleAdmin(cmd, fmt.Sprintf("drain %s", args[0]), fmt.Sprintf("node %s drained: out of the routing view until it restarts", args[0]),
+				func(ctx context.Context, c pb.AdminServiceClient) error {
+					_, err := c.DrainMember(ctx, &pb.DrainMemberRequest{Id: args[0]})
+					return err
+				})
+		},
+	}
+	cmd.AddCommand(status, join, remove, drain)
 	return cmd
 }
 
@@ -130,22 +159,30 @@ type clusterStatusJSON struct {
 }
 
 type memberStatusJSON struct {
-	ID           string `json:"id"`
-	GRPCAddr     string `json:"grpc_addr"`
-	RaftAddr     string `json:"raft_addr"`
-	Role         string `json:"role"`
-	Voter        bool   `json:"voter"`
-	Live         bool   `json:"live"`
-	Term         uint64 `json:"term"`
-	CommitIndex  uint64 `json:"commit_index"`
-	AppliedIndex uint64 `json:"applied_index"`
+	ID       string `json:"id"`
+	GRPCAddr string `json:"grpc_addr"`
+	RaftAddr string `json:"raft_addr"`
+	Role     string `json:"role"`
+	Voter    bool   `json:"voter"`
+	Suffrage string `json:"suffrage"`
+	Live     bool   `json:"live"`
+	Ready    bool   `json:"ready"`
+	Healthy  bool   `json:"healthy"`
+	// HealthForSeconds is how long the leader has seen Healthy hold.
+	HealthForSeconds float64 `json:"health_for_seconds"`
+	Stabilization    string  `json:"stabilization"`
+	Term             uint64  `json:"term"`
+	CommitIndex      uint64  `json:"commit_index"`
+	AppliedIndex     uint64  `json:"applied_index"`
 }
 
 func statusJSON(r *pb.ClusterStatusResponse) clusterStatusJSON {
 	out := clusterStatusJSON{Leader: r.GetLeader(), Epoch: r.GetEpoch(), AnsweredBy: r.GetAnsweredBy(), Members: []memberStatusJSON{}}
 	for _, m := range r.GetMembers() {
 		out.Members = append(out.Members, memberStatusJSON{ID: m.GetId(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(), Role: m.GetRole(),
-			Voter: m.GetVoter(), Live: m.GetLive(), Term: m.GetTerm(), CommitIndex: m.GetCommitIndex(), AppliedIndex: m.GetAppliedIndex()})
+			Voter: m.GetVoter(), Suffrage: m.GetSuffrage(), Live: m.GetLive(), Ready: m.GetReady(), Healthy: m.GetHealthy(),
+			HealthForSeconds: m.GetHealthFor().AsDuration().Seconds(), Stabilization: m.GetStabilization(),
+			Term: m.GetTerm(), CommitIndex: m.GetCommitIndex(), AppliedIndex: m.GetAppliedIndex()})
 	}
 	return out
 }

@@ -17,18 +17,42 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tokenserver/tokenserver/internal/buildinfo"
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stderr); err != nil {
+	args := os.Args[1:]
+	var err error
+	if len(args) > 0 && args[0] == "recover" {
+		err = runRecover(args[1:], os.Stdout, os.Stderr)
+	} else {
+		err = run(args, os.Stdout, os.Stderr)
+	}
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "tokenserver:", err)
-		os.Exit(2)
+		os.Exit(1)
 	}
+}
+
+// printFlags prints a flag set's flags as --name, with their defaults.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintln(w, line)
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
+			usage += fmt.Sprintf(" (default %q)", f.DefValue)
+		}
+		fmt.Fprintf(w, "    \t%s\n", strings.ReplaceAll(usage, "\n", "\n    \t"))
+	})
 }
 
 // options are the command's flags.
@@ -40,6 +64,7 @@ type options struct {
 	peers     string
 	logFormat string
 	logLevel  string
+	version   bool
 }
 
 // envName is the environment variable that sets a flag: TOKENSERVER_ and the
@@ -48,11 +73,11 @@ func envName(flagName string) string {
 	return "TOKENSERVER_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-func parseFlags(args []string, stderr io.Writer) (*options, error) {
+func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	o := &options{cfg: server.DefaultConfig(), raft: raftfsm.DefaultConfig()}
 	o.raft.NodeID, _ = os.Hostname()
 	fs := flag.NewFlagSet("tokenserver", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // run and main print the error once
 	fs.StringVar(&o.raft.NodeID, "node-id", o.raft.NodeID, "this node's id in the cluster (default: the host name)")
 	fs.StringVar(&o.cfg.GRPCAddr, "grpc-addr", o.cfg.GRPCAddr, "listen address of the gRPC TokenService and AdminService")
 	fs.StringVar(&o.cfg.HTTPAddr, "http-addr", o.cfg.HTTPAddr, "listen address of HTTP /healthz and /readyz (empty: off)")
@@ -63,7 +88,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.join, "join", "", "comma-separated gRPC addresses of cluster members to ask to add this node; a node with Raft state ignores it")
 	fs.IntVar(&o.raft.BootstrapExpect, "bootstrap-expect", 0, "bootstrap a new cluster of this many nodes once all --peers answer and none has state (0: off)")
 	fs.StringVar(&o.peers, "peers", "", "with --bootstrap-expect: the members as id=host:raftport,... (this node included)")
-	fs.IntVar(&o.raft.MaxVoters, "max-voters", o.raft.MaxVoters, "most voting members; further nodes join as non-voters and still own keys")
+	fs.IntVar(&o.raft.MaxVoters, "max-voters", o.raft.MaxVoters, "most voting members; further nodes stay non-voters and still own keys")
+	fs.DurationVar(&o.raft.StabilizationTime, "stabilization-time", o.raft.StabilizationTime, "a joining node stays a non-voter until it has been healthy (caught up) this long; a member id rejoining from another address replaces the old one only after that one was unreachable this long")
+	fs.DurationVar(&o.raft.DeadMemberAfter, "dead-member-after", o.raft.DeadMemberAfter, "remove a non-voter unreachable this long from the cluster (0: never)")
+	fs.BoolVar(&o.raft.CleanupDeadVoters, "cleanup-dead-voters", false, "also remove voters unreachable for --dead-member-after, when the voters left keep a healthy quorum")
 	fs.DurationVar(&o.raft.HeartbeatTimeout, "raft-heartbeat-timeout", o.raft.HeartbeatTimeout, "Raft heartbeat timeout")
 	fs.DurationVar(&o.raft.ElectionTimeout, "raft-election-timeout", o.raft.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&o.raft.LeaderLeaseTimeout, "raft-leader-lease-timeout", o.raft.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
@@ -75,14 +103,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.MaxRecvMsgSize, "max-msg-size", o.cfg.MaxRecvMsgSize, "largest gRPC request accepted, in bytes")
 	fs.DurationVar(&o.cfg.DefaultDeadline, "default-deadline", o.cfg.DefaultDeadline, "deadline given to calls that carry none")
 	fs.DurationVar(&o.cfg.SweepInterval, "sweep-interval", o.cfg.SweepInterval, "how often idle buckets are evicted")
-	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", o.cfg.ShutdownGrace, "on SIGTERM, how long calls in flight may finish")
+	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", o.cfg.ShutdownGrace, "on SIGTERM, the most time to leave the routing view, linger and let calls in flight finish")
+	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
 	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: tokenserver [flags]\n\nRuns one tokenserver node. Every flag can also be set by an environment\nvariable: TOKENSERVER_ and the flag name in upper case, - as _\n(e.g. TOKENSERVER_GRPC_ADDR). A flag given on the command line wins.\n\nFlags:\n")
-		fs.PrintDefaults()
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	fs.Usage = func() {} // errors go to stderr alone; --help prints usage to stdout below
+	usage := func() {
+		fmt.Fprintf(stdout, "Usage: tokenserver [flags]\n       tokenserver recover --data-dir DIR --peers id=host:raftport,...\n\nRuns one tokenserver node. Every flag can also be set by an environment\nvariable: TOKENSERVER_ and the flag name in upper case, - as _\n(e.g. TOKENSERVER_GRPC_ADDR). A flag given on the command line wins.\n\nFlags:\n")
+		printFlags(stdout, fs)
 	}
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -96,19 +127,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, envErr
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+		}
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
 	}
-	if o.peers != "" {
-		for _, p := range strings.Split(o.peers, ",") {
-			id, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
-			if !ok || id == "" || addr == "" {
-				return nil, fmt.Errorf("--peers: %q is not id=host:raftport", p)
-			}
-			o.raft.Peers = append(o.raft.Peers, raftfsm.Peer{ID: id, RaftAddr: addr})
-		}
+	var err error
+	if o.raft.Peers, err = parsePeers(o.peers); err != nil {
+		return nil, err
 	}
 	if o.raft.BootstrapExpect > 0 && o.join != "" {
 		return nil, errors.New("--bootstrap-expect and --join exclude each other")
@@ -137,10 +166,14 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
-func run(args []string, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	if o.version {
+		fmt.Fprintln(stdout, "tokenserver", buildinfo.Version())
+		return nil
 	}
 	log, err := newLogger(o.logFormat, o.logLevel, stderr)
 	if err != nil {

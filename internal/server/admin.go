@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tokenserver/tokenserver/internal/buildinfo"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -191,7 +192,7 @@ func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.N
 	return &pb.NodeStatusResponse{
 		Id: st.ID, Role: strings.ToLower(st.State), Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
 		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.ready.Load(), LastIndex: st.LastIndex, Draining: st.Draining || s.n.draining.Load(),
-		Version: Version(), RulesDigest: digest(t.Rules()), Rules: uint64(t.Len()),
+		Version: buildinfo.Version(), RulesDigest: digest(t.Rules()), Rules: uint64(t.Len()),
 	}, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/tokenserver/tokenserver/internal/buildinfo"
+
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -58,7 +60,7 @@ func newMetrics(n *Node) *metrics {
 		full := "/" + pb.TokenService_ServiceDesc.ServiceName + "/" + md.MethodName
 		m.methods[full] = m.latency.WithLabelValues(md.MethodName)
 	}
-	b := BuildInfo()
+	b := buildinfo.Read()
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tokenserver_build_info",
 		Help: "Always 1; its labels name the build: module version, VCS revision, Go version.",

@@ -1,4 +1,6 @@
-package server
+// Package buildinfo names the running build (module version, VCS revision,
+// Go version) for --version, NodeStatus and the tokenserver_build_info gauge.
+package buildinfo
 
 import (
 	"fmt"
@@ -18,8 +20,12 @@ type Build struct {
 	GoVersion string
 }
 
-// BuildInfo reads the build from the binary (debug.ReadBuildInfo).
-var BuildInfo = sync.OnceValue(func() Build {
+// buildVersion, set with -ldflags -X (the Dockerfile's VERSION), names a
+// build whose module version is not known to Go ("(devel)").
+var buildVersion string
+
+// Read reads the build from the binary (debug.ReadBuildInfo).
+var Read = sync.OnceValue(func() Build {
 	b := Build{Version: "unknown", Revision: "unknown", GoVersion: "unknown"}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -28,6 +34,9 @@ var BuildInfo = sync.OnceValue(func() Build {
 	b.GoVersion = bi.GoVersion
 	if bi.Main.Version != "" {
 		b.Version = bi.Main.Version
+	}
+	if buildVersion != "" && (b.Version == "(devel)" || b.Version == "unknown") {
+		b.Version = buildVersion
 	}
 	dirty := false
 	for _, s := range bi.Settings {
@@ -46,6 +55,6 @@ var BuildInfo = sync.OnceValue(func() Build {
 
 // Version is the build in one line: "VERSION (REVISION, GOVERSION)".
 func Version() string {
-	b := BuildInfo()
+	b := Read()
 	return fmt.Sprintf("%s (%s, %s)", b.Version, b.Revision, b.GoVersion)
 }
