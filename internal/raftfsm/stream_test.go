@@ -378,3 +378,59 @@ func TestStreamOptions(t *testing.T) {
 		t.Errorf("defaults: %+v", s.o)
 	}
 }
+
+// TestStreamRogueRaftRPC: over raft's own transport, an AppendEntries with
+// a higher term and a RequestVote from a dialer without a peer certificate
+// (plaintext, or a node certificate of another CA) never reach the node's
+// raft (its consumer sees nothing), while a peer's do.
+func TestStreamRogueRaftRPC(t *testing.T) {
+	r, _ := peerPKI(t, "peers")
+	foreign, _ := peerPKI(t, "foreign")
+	srvTLS, cliTLS := peerTLS(t, r)
+	fSrv, fCli := peerTLS(t, foreign)
+	victim := startLayer(t, streamOptions{ServerTLS: srvTLS, ClientTLS: cliTLS})
+	vt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: victim, MaxPool: 1, Timeout: 2 * time.Second})
+	defer vt.Close()
+	target := raft.ServerAddress(victim.ln.Addr().String())
+
+	transport := func(o streamOptions) *raft.NetworkTransport {
+		s := startLayer(t, o)
+		tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: s, MaxPool: 1, Timeout: 2 * time.Second})
+		t.Cleanup(func() { tr.Close() })
+		return tr
+	}
+	evil := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("evil"), Addr: []byte("evil")}, Term: 1 << 40,
+		Entries: []*raft.Log{{Index: 1, Term: 1 << 40, Type: raft.LogCommand, Data: []byte("rule nobody wrote")}}}
+	for _, rogue := range []struct {
+		name string
+		o    streamOptions
+	}{
+		{"plaintext", streamOptions{}},
+		{"foreign CA", streamOptions{ServerTLS: fSrv, ClientTLS: fCli}},
+	} {
+		t.Run(rogue.name, func(t *testing.T) {
+			tr := transport(rogue.o)
+			if err := tr.AppendEntries("victim", target, evil, new(raft.AppendEntriesResponse)); err == nil {
+				t.Error("AppendEntries went through")
+			}
+			vote := &raft.RequestVoteRequest{RPCHeader: evil.RPCHeader, Term: 1 << 40, LastLogIndex: 1 << 40, LastLogTerm: 1 << 40}
+			if err := tr.RequestVote("victim", target, vote, new(raft.RequestVoteResponse)); err == nil {
+				t.Error("RequestVote went through")
+			}
+			select {
+			case rpc := <-vt.Consumer():
+				t.Fatalf("a rogue RPC reached raft: %T", rpc.Command)
+			case <-time.After(100 * time.Millisecond):
+			}
+		})
+	}
+	peer := transport(streamOptions{ServerTLS: srvTLS, ClientTLS: cliTLS})
+	go func() {
+		rpc := <-vt.Consumer()
+		rpc.Respond(&raft.AppendEntriesResponse{Term: 1, Success: true}, nil)
+	}()
+	var resp raft.AppendEntriesResponse
+	if err := peer.AppendEntries("victim", target, &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("n2"), Addr: []byte("n2")}, Term: 1}, &resp); err != nil || !resp.Success {
+		t.Errorf("a peer's AppendEntries: %v, %+v", err, resp)
+	}
+}
