@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,6 +41,7 @@ type testServer struct {
 
 	delay, jitter atomic.Int64 // ns added to every unary call: delay ± jitter
 	failPct       atomic.Int64 // percent of unary calls failed with Unavailable
+	notReady      atomic.Int64 // acquires still to answer NOT_READY (-1: all)
 	calls         atomic.Int64 // unary calls seen
 
 	mu sync.Mutex
@@ -102,6 +105,12 @@ func (ts *testServer) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	if p := ts.failPct.Load(); p > 0 && rand.Int64N(100) < p {
 		return nil, status.Error(codes.Unavailable, "injected failure")
+	}
+	if strings.Contains(info.FullMethod, "Acquire") {
+		if left := ts.notReady.Load(); left < 0 || (left > 0 && ts.notReady.CompareAndSwap(left, left-1)) {
+			st, _ := status.New(codes.Unavailable, "injected: not ready").WithDetails(&errdetails.ErrorInfo{Reason: notReadyReason})
+			return nil, st.Err()
+		}
 	}
 	return h(ctx, req)
 }

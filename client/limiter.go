@@ -261,8 +261,8 @@ func (l *Limiter) onError(ctx context.Context, st *viewState, ri *ruleInfo, key 
 				"rule", l.rule, "policy", p.String(), "by_default", byDefault)
 		}
 		d, ferr := l.fallback(st, nil, key, n, err)
-		if ferr == nil {
-			ferr = fmt.Errorf("rule %q: the server has no such rule (decided by the fallback policy): %w", l.rule, ErrNotFound)
+		if !errors.Is(ferr, ErrClosed) {
+			ferr = fmt.Errorf("rule %q: the server has no such rule (the limiter's fallback policy decided): %w", l.rule, ErrNotFound)
 		}
 		return d, ferr
 	}
