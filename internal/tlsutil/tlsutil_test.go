@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -523,5 +524,41 @@ func TestCertGen(t *testing.T) {
 	}
 	if _, err := LoadCA(p.path("node.crt"), p.path("node.key")); err == nil {
 		t.Error("LoadCA accepted a leaf")
+	}
+}
+
+// TestHTTPServer: an http.Server serves HTTPS with ServerConfig (the
+// --http-tls port), over HTTP/2 and HTTP/1.1.
+func TestHTTPServer(t *testing.T) {
+	p := newPKI(t, "main")
+	r := newReloader(t, p.files())
+	cfg, err := r.ServerConfig(ClientAuthNone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{TLSConfig: cfg, ReadHeaderTimeout: time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) })}
+	go srv.ServeTLS(ln, "", "")
+	defer srv.Close()
+	for _, h2 := range []bool{true, false} {
+		tr := &http.Transport{TLSClientConfig: clientConfig(p, nil), ForceAttemptHTTP2: h2}
+		if !h2 {
+			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + ln.Addr().String() + "/readyz")
+		if err != nil {
+			t.Fatalf("h2=%v: %v", h2, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := map[bool]string{true: "HTTP/2.0", false: "HTTP/1.1"}[h2]
+		if string(body) != want {
+			t.Errorf("served over %s, want %s", body, want)
+		}
+		tr.CloseIdleConnections()
 	}
 }
