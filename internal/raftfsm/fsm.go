@@ -301,6 +301,9 @@ func (s *fsmState) apply(index uint64, entry any) (applyResult, bool) {
 		if err := rule.CheckExpected(r.Name, old, e.Expected); err != nil {
 			return applyResult{err: err}, false
 		}
+		if err := rule.CheckRuleCount(r.Name, old != nil, len(s.Rules)); err != nil {
+			return applyResult{err: err}, false
+		}
 		r.Version, r.Generation = index, index
 		if old != nil && old.Algorithm == r.Algorithm {
 			r.Generation = old.Generation
