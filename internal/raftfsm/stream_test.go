@@ -295,7 +295,7 @@ func isReset(err error) bool {
 // IdleTimeout and frees its slot, one with traffic lives on, and a dialer
 // that never says anything is dropped after HandshakeTimeout.
 func TestStreamIdleAndHandshakeTimeouts(t *testing.T) {
-	const idle = 150 * time.Millisecond
+	const idle = 400 * time.Millisecond
 	s := startLayer(t, streamOptions{IdleTimeout: idle, HandshakeTimeout: 200 * time.Millisecond, MaxConnsPerHost: 2})
 	busyD, err := s.Dial(raftAddr(s), time.Second)
 	if err != nil {
@@ -317,12 +317,12 @@ func TestStreamIdleAndHandshakeTimeouts(t *testing.T) {
 	if idleC == nil || readMarker(t, idleC) != "idle" {
 		t.Fatal("idle connection not accepted")
 	}
-	// The busy one talks every idle/3 for 3 idle periods.
+	// The busy one talks every idle/8 for 1.5 idle periods.
 	done := make(chan error, 1)
 	go func() {
 		buf := make([]byte, 1)
-		for range 9 {
-			time.Sleep(idle / 3)
+		for range 12 {
+			time.Sleep(idle / 8)
 			if _, err := busyD.Write([]byte{'x'}); err != nil {
 				done <- err
 				return
