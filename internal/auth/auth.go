@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/tokenserver/tokenserver/internal/tlsutil"
 )
 
 // Source is where a principal's identity comes from.
@@ -456,4 +458,23 @@ func PlaintextTokenCheck(ctx context.Context, uri ...string) error {
 		return nil
 	}
 	return status.Errorf(codes.Unauthenticated, "refusing to send a bearer token without TLS to %q: set TLS up (a CA to verify the server)", host)
+}
+
+// PeerNamesNode reports whether the call in ctx comes over a connection
+// whose client certificate is a peer certificate naming node id in a
+// tokenserver://node/ID URI SAN (a certificate shared by a StatefulSet's
+// pods may name several). JoinCluster uses it to check that a joining node
+// is who it says; false when the certificate names no id (a peer CA
+// without node URIs): then the join probe must confirm the id.
+func PeerNamesNode(ctx context.Context, id string) bool {
+	pr, ok := peer.FromContext(ctx)
+	if !ok {
+		return false
+	}
+	ai, ok := pr.AuthInfo.(AuthInfo)
+	if !ok || !ai.Principal.IsPeer() {
+		return false
+	}
+	chains := ai.State.VerifiedChains
+	return len(chains) > 0 && len(chains[0]) > 0 && tlsutil.HasNodeID(chains[0][0], id)
 }

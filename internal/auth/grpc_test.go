@@ -34,7 +34,7 @@ type adminStub struct {
 
 func (adminStub) NodeStatus(ctx context.Context, _ *pb.NodeStatusRequest) (*pb.NodeStatusResponse, error) {
 	p, _ := FromContext(ctx)
-	return nil, status.Errorf(codes.Unimplemented, "principal=%s peer=%v", p, IsPeer(ctx))
+	return nil, status.Errorf(codes.Unimplemented, "principal=%s peer=%v names-n1=%v names-n2=%v", p, IsPeer(ctx), PeerNamesNode(ctx, "n1"), PeerNamesNode(ctx, "n2"))
 }
 
 type testPKI struct {
@@ -177,8 +177,8 @@ func TestGRPC(t *testing.T) {
 		{"editor certificate puts", []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(p.client)))}, put, codes.Unimplemented, ""},
 		{"editor certificate joins", []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(p.client)))}, join, codes.PermissionDenied, "admin"},
 		{"peer joins", []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}, join, codes.Unimplemented, ""},
-		{"peer is a peer", []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}, nodeStatus, codes.Unimplemented, "principal=peer:node:n1 peer=true"},
-		{"a client with every role is no peer", []grpc.DialOption{tlsCreds, token(adminTok)}, nodeStatus, codes.Unimplemented, "principal=token:ops peer=false"},
+		{"peer is a peer", []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))}, nodeStatus, codes.Unimplemented, "principal=peer:node:n1 peer=true names-n1=true names-n2=false"},
+		{"a client with every role is no peer", []grpc.DialOption{tlsCreds, token(adminTok)}, nodeStatus, codes.Unimplemented, "principal=token:ops peer=false names-n1=false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
