@@ -212,20 +212,32 @@ func newRuleListCmd(a *app) *cobra.Command {
 		Long:  "List every rule, sorted by name. With -o json: an object whose \"rules\" is the list.",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			resp, err := adminRPC(a, cmd, "list rules", func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
-				return c.ListRules(ctx, &pb.ListRulesRequest{Local: local})
-			})
-			if err != nil {
-				return err
+			// Follow the pages; each page is its own call (with its own
+			// retries), and a page token that repeats ends the loop.
+			var rules []*pb.Rule
+			token := ""
+			for page := 1; ; page++ {
+				resp, err := adminRPC(a, cmd, fmt.Sprintf("list rules (page %d)", page), func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
+					return c.ListRules(ctx, &pb.ListRulesRequest{Local: local, PageToken: token})
+				})
+				if err != nil {
+					return err
+				}
+				rules = append(rules, resp.GetRules()...)
+				next := resp.GetNextPageToken()
+				if next == "" || next == token {
+					break
+				}
+				token = next
 			}
 			if a.json() {
-				return writeRulesJSON(a.stdout, resp.GetRules())
+				return writeRulesJSON(a.stdout, rules)
 			}
-			if len(resp.GetRules()) == 0 {
+			if len(rules) == 0 {
 				a.logf("no rules")
 				return nil
 			}
-			return writeRulesTable(a.stdout, resp.GetRules())
+			return writeRulesTable(a.stdout, rules)
 		},
 	}
 	cmd.Flags().BoolVar(&local, "local", false, "read the answering node's own copy instead of the leader's")

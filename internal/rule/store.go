@@ -59,6 +59,9 @@ func (s *MemStore) Put(_ context.Context, r *Rule, expected *uint64) (*Rule, err
 	if err := CheckExpected(r.Name, old, expected); err != nil {
 		return nil, err
 	}
+	if err := CheckRuleCount(r.Name, old != nil, len(s.rules)); err != nil {
+		return nil, err
+	}
 	s.version++
 	r.Version = s.version
 	r.Generation = s.version
@@ -88,6 +91,38 @@ func (s *MemStore) Delete(_ context.Context, name string, expected *uint64) erro
 	delete(s.rules, name)
 	s.publish()
 	return nil
+}
+
+// ErrTooManyRules means a new rule would pass the cluster's rule cap
+// (SetMaxRules); the server answers ResourceExhausted.
+var ErrTooManyRules = errors.New("too many rules")
+
+var maxRules atomic.Int64
+
+func init() { maxRules.Store(DefaultMaxRules) }
+
+// SetMaxRules sets the most rules a cluster holds (n <= 0: DefaultMaxRules).
+// Stores check it when a write is applied, so every node of a cluster must
+// use the same value: a node with a lower one would refuse a rule the
+// others hold. It is process-wide.
+func SetMaxRules(n int) {
+	if n <= 0 {
+		n = DefaultMaxRules
+	}
+	maxRules.Store(int64(n))
+}
+
+// MaxRules is the cap SetMaxRules set.
+func MaxRules() int { return int(maxRules.Load()) }
+
+// CheckRuleCount is the rule cap of Put: nil when the rule named name
+// exists already or have rules leave room for one more, else
+// ErrTooManyRules.
+func CheckRuleCount(name string, exists bool, have int) error {
+	if exists || int64(have) < maxRules.Load() {
+		return nil
+	}
+	return fmt.Errorf("rule %q would be rule %d, above the cluster's limit of %d rules (--max-rules): %w", name, have+1, maxRules.Load(), ErrTooManyRules)
 }
 
 // CheckExpected is the compare-and-set of Put and Delete: nil when expected

@@ -3,15 +3,19 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenserver/tokenserver/internal/buildinfo"
@@ -23,7 +27,8 @@ import (
 // adminService is the control plane.
 type adminService struct {
 	pb.UnimplementedAdminServiceServer
-	n *Node
+	n      *Node
+	digest atomic.Pointer[digestCache]
 }
 
 var _ pb.AdminServiceServer = (*adminService)(nil)
@@ -91,11 +96,36 @@ func (s *adminService) GetRule(ctx context.Context, req *pb.GetRuleRequest) (*pb
 	return rulepb.ToProto(r), nil
 }
 
-// ListRules implements pb.AdminServiceServer.
+// Paging of ListRules: a page holds at most maxListPage rules and about
+// listPageBytes of encoded rules (at least one rule), so that it fits the
+// default 4 MiB gRPC message limit of clients.
+const (
+	defaultListPage = 500
+	maxListPage     = 1000
+	listPageBytes   = 3 << 20
+)
+
+// ListRules implements pb.AdminServiceServer: rules sorted by name, one
+// page at a time. page_token is the opaque next_page_token of the previous
+// page (the base64 of the last name it held).
 func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) (*pb.ListRulesResponse, error) {
+	after, err := base64.RawURLEncoding.DecodeString(req.GetPageToken())
+	if err != nil || len(after) > rule.MaxNameLen {
+		return nil, status.Errorf(codes.InvalidArgument, "page_token %q is not a token ListRules returned", req.GetPageToken())
+	}
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "page_size must be >= 0, got %d", size)
+	case size == 0:
+		size = defaultListPage
+	case size > maxListPage:
+		size = maxListPage
+	}
 	var rules []*rule.Rule
+	more := false
 	if req.GetLocal() {
-		rules = s.n.cluster.Table().Rules()
+		rules, more = s.n.cluster.Table().Page(string(after), size)
 	} else {
 		var err error
 		if rules, err = s.n.cluster.List(ctx); err != nil {
@@ -106,10 +136,24 @@ func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) 
 			})
 			return resp, err
 		}
+		i := sort.Search(len(rules), func(i int) bool { return rules[i].Name > string(after) })
+		rules = rules[i:]
+		if len(rules) > size {
+			rules, more = rules[:size], true
+		}
 	}
-	out := &pb.ListRulesResponse{Rules: make([]*pb.Rule, len(rules))}
+	out := &pb.ListRulesResponse{Rules: make([]*pb.Rule, 0, len(rules))}
+	bytes := 0
 	for i, r := range rules {
-		out.Rules[i] = rulepb.ToProto(r)
+		p := rulepb.ToProto(r)
+		if bytes += proto.Size(p); i > 0 && bytes > listPageBytes {
+			more = true
+			break
+		}
+		out.Rules = append(out.Rules, p)
+	}
+	if more && len(out.Rules) > 0 {
+		out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Rules[len(out.Rules)-1].GetName()))
 	}
 	return out, nil
 }
@@ -192,8 +236,24 @@ func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.N
 	return &pb.NodeStatusResponse{
 		Id: st.ID, Role: strings.ToLower(st.State), Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
 		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.ready.Load(), LastIndex: st.LastIndex, Draining: st.Draining || s.n.draining.Load(),
-		Version: buildinfo.Version(), RulesDigest: digest(t.Rules()), Rules: uint64(t.Len()),
+		Version: buildinfo.Version(), RulesDigest: s.digestOf(t), Rules: uint64(t.Len()),
 	}, nil
+}
+
+// digestOf is digest(t.Rules()), computed once per table version.
+func (s *adminService) digestOf(t *rule.Table) string {
+	if c := s.digest.Load(); c != nil && c.table == t {
+		return c.sum
+	}
+	c := &digestCache{table: t, sum: digest(t.Rules())}
+	s.digest.Store(c)
+	return c.sum
+}
+
+// digestCache is the digest of one table.
+type digestCache struct {
+	table *rule.Table
+	sum   string
 }
 
 // digest is a short hash of a rule table, equal on replicas that agree.

@@ -31,10 +31,12 @@ func toStatus(err error) *status.Status {
 		return status.New(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, rule.ErrNoLeader):
 		return status.New(codes.Unavailable, err.Error()+"; retry with backoff")
-	case errors.Is(err, shard.ErrBucketCap), errors.Is(err, shard.ErrMaxKeys):
+	case errors.Is(err, shard.ErrBucketCap), errors.Is(err, shard.ErrMaxKeys), errors.Is(err, rule.ErrTooManyRules):
 		subject := "node"
 		if errors.Is(err, shard.ErrMaxKeys) {
 			subject = "rule"
+		} else if errors.Is(err, rule.ErrTooManyRules) {
+			subject = "cluster"
 		}
 		s := status.New(codes.ResourceExhausted, err.Error())
 		if d, derr := s.WithDetails(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: err.Error()}}}); derr == nil {

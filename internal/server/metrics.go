@@ -24,6 +24,7 @@ type metrics struct {
 	errors    *prometheus.CounterVec
 	forwarded *prometheus.CounterVec
 	apply     prometheus.Histogram
+	panics    prometheus.Counter
 	// methods are the latency observers of the TokenService methods.
 	methods map[string]prometheus.Observer
 }
@@ -31,6 +32,10 @@ type metrics struct {
 func newMetrics(n *Node) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenserver_panics_total",
+			Help: "Panics in gRPC handlers, answered INTERNAL instead of taking the node down (each one is a bug: see the log).",
+		}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tokenserver_decision_duration_seconds",
 			Help:    "Time to answer a data-plane call on this node (forwarding included), by gRPC method.",
@@ -67,7 +72,7 @@ func newMetrics(n *Node) *metrics {
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
-	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.apply,
+	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.apply, m.panics,
 		&nodeCollector{n: n},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -85,7 +90,9 @@ var (
 	descDecisions   = prometheus.NewDesc("tokenserver_decisions_total", "Decisions made on this node, by rule and result (allowed, denied, shadow_denied: allowed by a shadow rule that would have denied).", []string{"rule", "result"}, nil)
 	descBuckets     = prometheus.NewDesc("tokenserver_buckets", "Live buckets (rule, key pairs) on this node.", nil, nil)
 	descEvicted     = prometheus.NewDesc("tokenserver_buckets_evicted_total", "Buckets dropped because they were back at their initial state or their rule is gone.", nil, nil)
-	descCapDenied   = prometheus.NewDesc("tokenserver_bucket_cap_rejections_total", "New keys refused with RESOURCE_EXHAUSTED by --max-buckets or a rule's max_keys.", nil, nil)
+	descCapDenied   = prometheus.NewDesc("tokenserver_bucket_cap_rejections_total", "New keys refused with RESOURCE_EXHAUSTED by --max-buckets, --max-bucket-memory (or a rule's fair share of it) or a rule's max_keys.", nil, nil)
+	descBucketBytes = prometheus.NewDesc("tokenserver_bucket_memory_bytes", "Memory of the live buckets as counted against --max-bucket-memory (keys, index entries, algorithm state).", nil, nil)
+	descBucketMax   = prometheus.NewDesc("tokenserver_bucket_memory_limit_bytes", "The bucket memory budget, --max-bucket-memory.", nil, nil)
 	descRuleKeys    = prometheus.NewDesc("tokenserver_rule_keys", "Live buckets of a rule on this node.", []string{"rule"}, nil)
 	descRuleVersion = prometheus.NewDesc("tokenserver_rule_version", "Version (Raft index) of the rule table applied on this node.", nil, nil)
 	descRules       = prometheus.NewDesc("tokenserver_rules", "Rules in the table.", nil, nil)
@@ -107,7 +114,7 @@ type nodeCollector struct{ n *Node }
 
 // Describe implements prometheus.Collector.
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDecisions, descBuckets, descEvicted, descCapDenied, descRuleKeys, descRuleVersion, descRules,
+	for _, d := range []*prometheus.Desc{descDecisions, descBuckets, descEvicted, descCapDenied, descBucketBytes, descBucketMax, descRuleKeys, descRuleVersion, descRules,
 		descEpoch, descLive, descReady, descRaftState, descRaftLeader, descRaftTerm, descRaftCommit, descRaftApplied, descRaftContact, descRaftMembers} {
 		ch <- d
 	}
@@ -127,6 +134,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBuckets, prometheus.GaugeValue, float64(n.buckets.Live()))
 	ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(n.buckets.Evicted()))
 	ch <- prometheus.MustNewConstMetric(descCapDenied, prometheus.CounterValue, float64(n.buckets.CapDenials()))
+	ch <- prometheus.MustNewConstMetric(descBucketBytes, prometheus.GaugeValue, float64(n.buckets.Bytes()))
+	ch <- prometheus.MustNewConstMetric(descBucketMax, prometheus.GaugeValue, float64(n.buckets.MaxBytes()))
 	ch <- prometheus.MustNewConstMetric(descRuleVersion, prometheus.GaugeValue, float64(t.Version))
 	ch <- prometheus.MustNewConstMetric(descRules, prometheus.GaugeValue, float64(t.Len()))
 	v := n.cluster.View()

@@ -4,6 +4,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -39,6 +41,13 @@ type Config struct {
 	AdvertiseGRPC string
 	// MaxBuckets caps live buckets on the node (0: no cap).
 	MaxBuckets int64
+	// MaxBucketMemory is the node's bucket memory budget in bytes (keys,
+	// index entries and algorithm state, see shard.Config.MaxBytes); a new
+	// key past it gets ResourceExhausted. 0 means DefaultBucketMemory().
+	MaxBucketMemory int64
+	// MaxRules caps the rules of the cluster (rule.SetMaxRules; every node
+	// must use the same value). 0 means rule.DefaultMaxRules.
+	MaxRules int
 	// Shards is the number of bucket index shards (0: shard.DefaultShards).
 	Shards int
 	// MaxRecvMsgSize is the largest request the server reads, in bytes.
@@ -67,7 +76,8 @@ func DefaultConfig() Config {
 	return Config{
 		GRPCAddr:        "127.0.0.1:7070",
 		HTTPAddr:        "127.0.0.1:7072",
-		MaxBuckets:      1_000_000,
+		MaxBucketMemory: DefaultBucketMemory(),
+		MaxRules:        rule.DefaultMaxRules,
 		MaxRecvMsgSize:  4 << 20,
 		DefaultDeadline: 10 * time.Second,
 		SweepInterval:   time.Second,
@@ -83,6 +93,12 @@ func (c *Config) Validate() error {
 		return errors.New("grpc address is empty")
 	case c.MaxBuckets < 0:
 		return fmt.Errorf("max buckets must be >= 0, got %d", c.MaxBuckets)
+	case c.MaxBucketMemory < 0:
+		return fmt.Errorf("max bucket memory must be >= 0, got %d", c.MaxBucketMemory)
+	case c.MaxBucketMemory > 0 && c.MaxBucketMemory < 1<<20:
+		return fmt.Errorf("max bucket memory must be at least 1 MiB, got %d bytes", c.MaxBucketMemory)
+	case c.MaxRules < 0:
+		return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
 	case c.Shards < 0 || c.Shards > 1<<16:
 		return fmt.Errorf("shards must be between 0 and 65536, got %d", c.Shards)
 	case c.MaxRecvMsgSize < 1<<16:
@@ -147,7 +163,7 @@ func New(cfg Config, c Cluster) (*Node, error) {
 		log:     cfg.Logger,
 		cluster: c,
 		peers:   newPeers(),
-		buckets: shard.New(shard.Config{Shards: cfg.Shards, MaxBuckets: cfg.MaxBuckets}),
+		buckets: shard.New(shard.Config{Shards: cfg.Shards, MaxBuckets: cfg.MaxBuckets, MaxBytes: cmp.Or(cfg.MaxBucketMemory, DefaultBucketMemory())}),
 		now:     cfg.Clock,
 		health:  health.NewServer(),
 		done:    make(chan struct{}),
@@ -155,6 +171,7 @@ func New(cfg Config, c Cluster) (*Node, error) {
 	if n.log == nil {
 		n.log = slog.Default()
 	}
+	rule.SetMaxRules(cfg.MaxRules)
 	n.metrics = newMetrics(n)
 	if n.now == nil {
 		start := time.Now()
@@ -438,12 +455,14 @@ func (n *Node) httpHandler() http.Handler {
 }
 
 // unary is the one unary interceptor: it turns a panic into an Internal
-// error and a log line (bad input never takes the node down), gives calls
+// error, a log line and tokenserver_panics_total (bad input never takes the
+// node down), gives calls
 // without a deadline the default one, and times data-plane calls into the
 // decision latency histogram.
 func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
+			n.metrics.panics.Inc()
 			n.log.Error("panic in handler", "method", info.FullMethod, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
 		}
@@ -466,10 +485,12 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	return resp, err
 }
 
-// recoverStream turns a panic in a stream handler into an Internal error.
+// recoverStream turns a panic in a stream handler into an Internal error,
+// counted in tokenserver_panics_total.
 func (n *Node) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
+			n.metrics.panics.Inc()
 			n.log.Error("panic in handler", "method", info.FullMethod, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
 		}
