@@ -66,6 +66,9 @@ type Principal struct {
 	// NodeID is a peer's node id as its certificate names it ("" when it
 	// names none, or for other sources).
 	NodeID string
+	// OnBehalfOf is, on a write a peer forwarded (to the leader), the
+	// caller the peer forwarded it for, as Actor returned there.
+	OnBehalfOf string
 
 	have Role // Roles expanded
 }
@@ -75,6 +78,15 @@ func (p *Principal) Has(r Role) bool { return p != nil && p.have&r == r }
 
 // IsPeer reports whether p is another node.
 func (p *Principal) IsPeer() bool { return p != nil && p.Source == SourcePeer }
+
+// Actor is who to record as the author of a write: the caller a peer
+// forwarded the call for, else String.
+func (p *Principal) Actor() string {
+	if p != nil && p.OnBehalfOf != "" {
+		return p.OnBehalfOf
+	}
+	return p.String()
+}
 
 // String is "source:name", for logs.
 func (p *Principal) String() string {
@@ -345,7 +357,30 @@ func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (conte
 	if m.access == accessRole && !p.Has(m.role) {
 		return ctx, status.Errorf(codes.PermissionDenied, "%s lacks role %s for %s", p, m.role, fullMethod)
 	}
+	if m.write && p.IsPeer() {
+		if v := metadata.ValueFromIncomingContext(ctx, PrincipalHeader); len(v) > 0 && v[0] != "" {
+			fp := *p
+			fp.OnBehalfOf = v[0]
+			p = &fp
+		}
+	}
 	return context.WithValue(ctx, principalKey{}, p), nil
+}
+
+// PrincipalHeader carries, on a write a node forwards to another (a
+// follower to the leader), the caller it forwards for. It counts only
+// from a peer.
+const PrincipalHeader = "x-tokenserver-principal"
+
+// ForwardContext returns ctx for forwarding the call in it to another node:
+// with PrincipalHeader naming the caller (Actor), so that the leader logs
+// and records the write's real author rather than the forwarding node.
+func ForwardContext(ctx context.Context) context.Context {
+	p, ok := FromContext(ctx)
+	if !ok {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, PrincipalHeader, p.Actor())
 }
 
 func (a *Authenticator) principal(ctx context.Context) (*Principal, error) {

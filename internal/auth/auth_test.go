@@ -229,6 +229,42 @@ func TestAuthorize(t *testing.T) {
 	}
 }
 
+// TestForwardedAuthor: a write a peer forwards carries its author, which
+// counts only from a peer.
+func TestForwardedAuthor(t *testing.T) {
+	a := newAuth(t, Options{TokenFile: testTokenFile(t), ClientCerts: true})
+	bg := context.Background()
+	// The follower: the editor's call, forwarded on.
+	ctx, err := a.Authorize(withToken(bg, "Bearer "+editorTok), pb.AdminService_PutRule_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := metadata.FromOutgoingContext(ForwardContext(ctx))
+	author := out.Get(PrincipalHeader)
+	if len(author) != 1 || author[0] != "token:ci" {
+		t.Fatalf("forwarded author %v, want token:ci", author)
+	}
+	// The leader: the follower's peer connection with the header.
+	peerP := newPrincipal("node:n2", AllRoles, SourcePeer)
+	in := metadata.NewIncomingContext(withCert(bg, peerP), metadata.Pairs(PrincipalHeader, author[0]))
+	ctx, err = a.Authorize(in, pb.AdminService_PutRule_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := FromContext(ctx); p.Actor() != "token:ci" || !p.IsPeer() {
+		t.Errorf("leader sees %+v (actor %s), want the peer acting for token:ci", p, p.Actor())
+	}
+	// From a client the header is ignored.
+	in = metadata.NewIncomingContext(bg, metadata.Pairs(PrincipalHeader, "token:ops", "authorization", "Bearer "+editorTok))
+	ctx, err = a.Authorize(in, pb.AdminService_PutRule_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := FromContext(ctx); p.Actor() != "token:ci" {
+		t.Errorf("a client claimed to be %s", p.Actor())
+	}
+}
+
 func TestIsPeer(t *testing.T) {
 	bg := context.Background()
 	peerP := newPrincipal("node:n2", AllRoles, SourcePeer)
