@@ -69,7 +69,7 @@ func (s *MemStore) Put(_ context.Context, r *Rule, expected *uint64) (*Rule, err
 		r.Generation = old.Generation
 	}
 	s.rules[r.Name] = r
-	s.publish()
+	s.publish(r, "")
 	return r.Clone(), nil
 }
 
@@ -89,7 +89,7 @@ func (s *MemStore) Delete(_ context.Context, name string, expected *uint64) erro
 	}
 	s.version++
 	delete(s.rules, name)
-	s.publish()
+	s.publish(nil, name)
 	return nil
 }
 
@@ -141,14 +141,11 @@ func CheckExpected(name string, old *Rule, expected *uint64) error {
 	return nil
 }
 
-// publish swaps in a new table; s.mu is held.
-func (s *MemStore) publish() {
-	rules := make([]*Rule, 0, len(s.rules))
-	for _, r := range s.rules {
-		rules = append(rules, r)
-	}
+// publish swaps in a new table with r put or the rule named del deleted;
+// s.mu is held.
+func (s *MemStore) publish(r *Rule, del string) {
 	old := s.table.Load()
-	s.table.Store(NewTable(s.version, rules, old))
+	s.table.Store(old.With(s.version, r, del))
 	old.Supersede()
 }
 

@@ -2,6 +2,7 @@ package rule
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -147,26 +148,66 @@ type Table struct {
 // rules of the same generation. prev's versions that are replaced or gone
 // learn their successor (see Compiled.Latest). prev may be nil.
 func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
-	t := &Table{Version: v, rules: make(map[string]*Compiled, len(rules)), changed: make(chan struct{})}
+	if prev == nil {
+		t := &Table{Version: v, rules: make(map[string]*Compiled, len(rules)), changed: make(chan struct{})}
+		for _, r := range rules {
+			t.rules[r.Name] = Compile(r, nil)
+		}
+		return t
+	}
+	// Start from prev's map (a clone copies its groups, without rehashing)
+	// and touch only what changed: usually one rule of thousands.
+	t := &Table{Version: v, rules: maps.Clone(prev.rules), changed: make(chan struct{})}
 	for _, r := range rules {
-		p := prev.Get(r.Name)
+		p := t.rules[r.Name]
 		if p != nil && (p.Rule == r || p.Rule.Version == r.Version && p.Rule.Generation == r.Generation && r.Version != 0) {
-			t.rules[r.Name] = p
 			continue
 		}
-		t.rules[r.Name] = Compile(r, p)
+		c := Compile(r, p)
+		t.rules[r.Name] = c
+		if p != nil {
+			p.next.Store(c)
+		}
 	}
-	if prev != nil {
-		for name, p := range prev.rules {
-			switch n := t.rules[name]; {
-			case n == nil:
+	if len(t.rules) != len(rules) {
+		// Some of prev's rules are gone: find them (deletes are rare).
+		in := make(map[string]struct{}, len(rules))
+		for _, r := range rules {
+			in[r.Name] = struct{}{}
+		}
+		for name, p := range t.rules {
+			if _, ok := in[name]; !ok {
 				p.next.Store(deleted)
-			case n != p:
-				p.next.Store(n)
+				delete(t.rules, name)
 			}
 		}
 	}
 	return t
+}
+
+// With returns a table at version v that is t with r put (compiled, its
+// predecessor linked to it) and the rule named del deleted (when not
+// empty): the update of one write, without looking at the other rules.
+func (t *Table) With(v uint64, r *Rule, del string) *Table {
+	n := &Table{Version: v, changed: make(chan struct{})}
+	if t != nil {
+		n.rules = maps.Clone(t.rules)
+	} else {
+		n.rules = map[string]*Compiled{}
+	}
+	if r != nil {
+		p := n.rules[r.Name]
+		c := Compile(r, p)
+		n.rules[r.Name] = c
+		if p != nil {
+			p.next.Store(c)
+		}
+	}
+	if p := n.rules[del]; del != "" && p != nil {
+		p.next.Store(deleted)
+		delete(n.rules, del)
+	}
+	return n
 }
 
 // Get returns the compiled rule of that name, or nil. A nil table has none.
