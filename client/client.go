@@ -55,6 +55,24 @@ type viewState struct {
 	view  *cluster.View
 	rules map[string]*ruleInfo
 	byID  map[string]*node
+	// departed names (avoidHeader) the members that left the view within
+	// departedFor before departedUntil (client ns): a server whose view
+	// still lists them sends their keys where this view does, instead of
+	// to a member that may be frozen.
+	departed      string
+	departedUntil int64
+}
+
+// departedFor is how long members that left the view are named in the
+// avoid header: longer than a view change takes to reach every server.
+const departedFor = 5 * time.Second
+
+// recentlyDeparted is st.departed while it is recent, else "".
+func (st *viewState) recentlyDeparted(c *Client) string {
+	if st.departed == "" || c.now() >= st.departedUntil {
+		return ""
+	}
+	return st.departed
 }
 
 // ruleInfo is a rule's client-facing fields.
@@ -220,8 +238,23 @@ func (c *Client) applyView(pv *pb.ClusterView, authoritative bool) {
 		return
 	}
 	byID := old.byID
+	departed, departedUntil := old.departed, old.departedUntil
 	var gone []*node
 	if view != old.view {
+		var left []string
+		for _, m := range old.view.Members() {
+			if _, ok := view.Member(m.ID); !ok {
+				left = append(left, m.ID)
+			}
+		}
+		if prev := old.recentlyDeparted(c); prev != "" {
+			for _, id := range strings.Split(prev, ",") {
+				if _, ok := view.Member(id); !ok && !slices.Contains(left, id) {
+					left = append(left, id)
+				}
+			}
+		}
+		departed, departedUntil = strings.Join(left, ","), c.now()+int64(departedFor)
 		byID = make(map[string]*node, view.Len())
 		keep := make(map[string]bool, view.Len()+len(c.seeds))
 		for _, s := range c.seeds {
@@ -247,8 +280,10 @@ func (c *Client) applyView(pv *pb.ClusterView, authoritative bool) {
 			}
 		}
 	}
-	c.state.Store(&viewState{view: view, rules: rules, byID: byID})
+	c.state.Store(&viewState{view: view, rules: rules, byID: byID, departed: departed, departedUntil: departedUntil})
 	c.mu.Unlock()
+	c.m.viewEpoch.Set(float64(view.Epoch))
+	c.m.viewMembers.Set(float64(view.Len()))
 	for _, n := range gone {
 		n.close()
 	}
@@ -383,7 +418,8 @@ func (c *Client) watchAddr(i int, avoid string) string {
 }
 
 // pick returns the node to send key's call to, and the member ids to name
-// in the avoid header: the key's owner; while the owner's breaker is open,
+// in the avoid header (the members believed down, and those that left the
+// view lately): the key's owner; while the owner's breaker is open,
 // or it could not decide this call (skip), the key's next owner in
 // rendezvous order among the members believed live, which is where the view
 // moves the key if the owner leaves it; without a view, a seed (the server
@@ -397,7 +433,7 @@ func (c *Client) pick(st *viewState, key string, skip []*node) (*node, string) {
 	m, _ := st.view.OwnerOfHash(h)
 	owner := st.byID[m.ID]
 	if owner != nil && !owner.open.Load() && !slices.Contains(skip, owner) {
-		return owner, ""
+		return owner, st.recentlyDeparted(c)
 	}
 	down := func(id string) bool {
 		n := st.byID[id]
@@ -405,9 +441,12 @@ func (c *Client) pick(st *viewState, key string, skip []*node) (*node, string) {
 	}
 	next, ok := st.view.OwnerExcept(h, down)
 	if !ok {
-		return owner, ""
+		return owner, st.recentlyDeparted(c)
 	}
 	var avoid []string
+	if d := st.recentlyDeparted(c); d != "" {
+		avoid = append(avoid, d)
+	}
 	for _, m := range st.view.Members() {
 		if down(m.ID) {
 			avoid = append(avoid, m.ID)

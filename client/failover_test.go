@@ -392,3 +392,25 @@ func TestWatchMovesOffASilentNode(t *testing.T) {
 		})
 	}
 }
+
+// Regression: right after the client's view dropped a frozen member, a
+// server still on the older view forwarded that member's keys to it and
+// the call timed out. Members that left the view are named in the avoid
+// header for a while, on every call.
+func TestDepartedMembersAreAvoided(t *testing.T) {
+	c := deadClient(t)
+	ab := []*pb.Member{{Id: "a", GrpcAddr: c.seeds[0]}, {Id: "b", GrpcAddr: c.seeds[0] + "0"}}
+	c.applyView(&pb.ClusterView{Members: ab, Epoch: 5, Ready: true}, true)
+	if _, avoid := c.pick(c.state.Load(), "k", nil); avoid != "" {
+		t.Fatalf("avoid %q with every member in the view", avoid)
+	}
+	c.applyView(&pb.ClusterView{Members: ab[:1], Epoch: 6, Ready: true}, true)
+	if _, avoid := c.pick(c.state.Load(), "k", nil); avoid != "b" {
+		t.Fatalf("avoid %q after b left the view, want b", avoid)
+	}
+	st := *c.state.Load()
+	st.departedUntil = c.now() - 1
+	if _, avoid := c.pick(&st, "k", nil); avoid != "" {
+		t.Fatalf("avoid %q long after b left, want none", avoid)
+	}
+}

@@ -11,6 +11,8 @@ type metrics struct {
 	decisions    *prometheus.CounterVec // rule, source, result
 	rpcs         *prometheus.CounterVec // method
 	fallback     prometheus.Gauge
+	viewEpoch    prometheus.Gauge
+	viewMembers  prometheus.Gauge
 	defaultAllow prometheus.Counter
 	unknownRule  *prometheus.CounterVec // rule
 	leaseTokens  *prometheus.CounterVec // rule, event
@@ -33,6 +35,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tokenserver_client_fallback",
 			Help: "1 while the client decides some calls locally (no view, or a node failing), else 0.",
 		}),
+		viewEpoch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tokenserver_client_view_epoch",
+			Help: "Epoch of the routing view the client routes by (0: none yet).",
+		}),
+		viewMembers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tokenserver_client_view_members",
+			Help: "Members of the routing view the client routes by.",
+		}),
 		defaultAllow: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenserver_client_fallback_default_allow_total",
 			Help: "Fallback decisions allowed because neither the rule nor the limiter named a fallback policy.",
@@ -54,6 +64,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.decisions = register(reg, m.decisions)
 	m.rpcs = register(reg, m.rpcs)
 	m.fallback = register(reg, m.fallback)
+	m.viewEpoch = register(reg, m.viewEpoch)
+	m.viewMembers = register(reg, m.viewMembers)
 	m.defaultAllow = register(reg, m.defaultAllow)
 	m.unknownRule = register(reg, m.unknownRule)
 	m.leaseTokens = register(reg, m.leaseTokens)
