@@ -29,26 +29,70 @@
 // where L is the longest a lease lives (its expiry, above); while demand
 // keeps leases short-lived, as under saturation, that is burst + rate × T.
 //
-// Fallback. When a key's owner does not answer within the call timeout
-// (WithCallTimeout, default 50ms), or answers Unavailable or
-// ResourceExhausted, the call is decided locally under the rule's fallback
-// policy from the view: LOCAL throttles each (rule, key) with a
-// golang.org/x/time/rate limiter at fallback.limit per rule period for this
-// client instance; ALLOW admits; DENY refuses with ErrUnavailable. Until the
-// view names the rule, the Limiter's WithFallback option decides; when
-// neither does, the call is allowed (counted in
-// tokenserver_client_fallback_default_allow_total). During fallback the
-// over-admission is therefore bounded by the policy: at most fallback.limit
-// per period (plus its burst) per client instance and key for LOCAL. A
-// server denial is never turned into a local allow.
+// Never looser than the rule. The SDK keeps the last fallback policy and
+// lease settings it learned for each rule until a ready node's view changes
+// or deletes that rule. A view from a node that is not ready (it may still
+// be replaying its Raft log, and lack rules that exist) never removes or
+// loosens anything: it changes no rule, and it moves routing only to a
+// newer epoch. Views fetched by probes from other members add rules and
+// newer versions, never delete. So a local decision is never more
+// permissive than the last policy a ready node stated for the rule.
 //
-// A circuit breaker per node opens after 3 failures in a row: calls for the
-// node then go to fallback at once instead of waiting for their deadline,
-// while a prober retries the node with full-jitter exponential backoff (50ms
-// to 5s) and closes the breaker when it answers. A caller is never blocked
-// longer than its deadline because the server is down. A call is retried
-// (at most twice, with jitter, within its deadline) only when it provably
-// never reached a server: the connection could not be made.
+// No fallback while a server can decide. A node that was reached and
+// decided nothing, because it is not ready or has no routing view yet
+// (Unavailable with the NOT_READY reason), is not "down": the call goes to
+// the next candidate (another member, or seed), or to the same node again
+// after a short backoff, while its deadline leaves room. A call that
+// provably never reached a server (connection refused) goes to the key's
+// next owner likewise. A call that timed out, which may have spent tokens,
+// is never resent. A single fresh node decides from its first rule write
+// on.
+//
+// Failover. A circuit breaker per node opens after 3 failures in a row.
+// While a key's owner's breaker is open, the key's calls go to its next
+// owner in rendezvous order among the members the client believes live,
+// naming the owner in the x-tokenserver-avoid header so that the node
+// decides the key itself; a node that cannot reach a key's owner does the
+// same. That next owner is the owner the view gives the key once it drops
+// the failed node, so the key moves once. Members that left the view are
+// named in the header for 5 s, so servers whose view is older do not send
+// their keys back to them. The prober retries a failing node with
+// full-jitter backoff, 50ms to 250ms while the view lists it (up to 5s
+// otherwise), and closes the breaker when the node answers as ready: a
+// node that comes back is used again at once if it is still in the view,
+// and otherwise when the view takes it back (after the cluster's
+// --up-after hysteresis). Connections use gRPC keepalive. Servers send the
+// view on WatchClusterView at least every second; a stream on which no
+// ready view arrives for 2s (DefaultWatchSilence) is moved to another
+// member.
+//
+// Over-admission. 0 while every node is healthy (leases included). A key
+// that moves to its next owner (a failed, frozen or departed owner) starts
+// a fresh bucket there: at most one bucket's worth (its burst) more than
+// the rule per move. While two owners answer for one key (a partition, or
+// a frozen owner that some clients still reach), admission for it is up to
+// 2x the limit for as long as that lasts. During client fallback, the
+// fallback policy's rate.
+//
+// Fallback. When no server can decide a call within the call timeout
+// (WithCallTimeout, default 50ms): the owner and its next owner do not
+// answer in time, answer Unavailable or ResourceExhausted, or every member
+// is down, the call is decided locally under the rule's fallback policy:
+// LOCAL throttles each (rule, key) with a golang.org/x/time/rate limiter at
+// fallback.limit per rule period for this client instance; ALLOW admits;
+// DENY refuses with ErrUnavailable. Until the client has learned the rule,
+// the Limiter's WithFallback option decides; when neither does, the call
+// is allowed (counted in tokenserver_client_fallback_default_allow_total).
+// During fallback the over-admission is therefore bounded by the policy:
+// at most fallback.limit per period (plus its burst) per client instance
+// and key for LOCAL. A server denial is never turned into a local allow. A
+// caller is never blocked longer than its deadline because the server is
+// down.
+//
+// Unknown rules. A rule the server says does not exist is decided by the
+// Limiter's WithFallback option, else allowed, and the call returns
+// ErrNotFound; it is logged once per Limiter at warn and counted in
+// tokenserver_client_unknown_rule_total.
 //
 // A Client and its Limiters are safe for simultaneous use by multiple
 // goroutines. Create one Client per process and one Limiter per rule, and
