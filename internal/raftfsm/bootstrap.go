@@ -125,15 +125,18 @@ func (n *Node) JoinCluster(ctx context.Context, addrs []string) error {
 func (n *Node) register() {
 	defer n.wg.Done()
 	for {
-		// A member drained by its last shutdown registers again too: that
-		// lets it back into the view.
-		if m, ok := n.fsm.members()[n.cfg.NodeID]; ok && m.GRPCAddr == n.cfg.AdvertiseGRPC && m.RaftAddr == n.RaftAddr() && !m.Draining {
+		// Judge the FSM's record only once caught up: halfway through the
+		// replay it can show this member registered and not yet drained by
+		// its last shutdown. A member drained by its last shutdown registers
+		// again: that lets it back into the view.
+		caughtUp := n.CaughtUp()
+		if m, ok := n.fsm.members()[n.cfg.NodeID]; caughtUp && ok && m.GRPCAddr == n.cfg.AdvertiseGRPC && m.RaftAddr == n.RaftAddr() && !m.Draining {
 			return
 		}
 		if n.draining.Load() {
 			return
 		}
-		if n.state.Load() {
+		if n.state.Load() && (caughtUp || n.fsm.members()[n.cfg.NodeID].ID == "") {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			var err error
 			if n.IsLeader() {
