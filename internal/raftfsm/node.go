@@ -6,6 +6,7 @@ package raftfsm
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,6 +99,12 @@ type Config struct {
 	// Dial, when set, replaces plain TCP for reaching other nodes' Raft
 	// addresses (tests route it through fault-injecting proxies).
 	Dial func(address string, timeout time.Duration) (net.Conn, error)
+	// PeerServerTLS and PeerClientTLS, both or neither, make the Raft port
+	// and the node's Raft dials mutual TLS against the peer CA
+	// (tlsutil.Reloader's PeerServerConfig and PeerClientConfig): a
+	// connection without a peer certificate is refused before one Raft
+	// byte is read. Neither: plain TCP.
+	PeerServerTLS, PeerClientTLS *tls.Config
 }
 
 // DefaultConfig has production timeouts: a new leader within about 3 s of
@@ -246,7 +253,8 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("read raft state: %w", err)
 	}
 	n.state.Store(has)
-	if n.layer, err = newStreamLayer(cfg.RaftBind, cfg.AdvertiseRaft, n.probeInfo, cfg.Dial); err != nil {
+	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
+		ServerTLS: cfg.PeerServerTLS, ClientTLS: cfg.PeerClientTLS}); err != nil {
 		return nil, err
 	}
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
