@@ -107,6 +107,9 @@ type Rule struct {
 	// Generation is the version at which the rule was created (set by the
 	// Store); buckets belong to one generation.
 	Generation uint64 `json:"generation,omitempty"`
+	// UpdatedBy is the principal that last wrote the rule (set by the
+	// server from the caller's credential; empty without auth).
+	UpdatedBy string `json:"updated_by,omitempty"`
 }
 
 // Override gives one key its own limit and burst.

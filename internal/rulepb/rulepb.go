@@ -14,7 +14,7 @@ import (
 )
 
 // FromProto converts a wire rule into a rule.Rule (not yet validated).
-// Version and Generation are output only and not read.
+// Version, Generation and UpdatedBy are output only and not read.
 func FromProto(p *pb.Rule) *rule.Rule {
 	r := &rule.Rule{
 		Name:        p.GetName(),
@@ -79,6 +79,7 @@ func ToProto(r *rule.Rule) *pb.Rule {
 		Shadow:      r.Shadow,
 		Version:     r.Version,
 		Generation:  r.Generation,
+		UpdatedBy:   r.UpdatedBy,
 	}
 	if r.Warmup != 0 {
 		p.Warmup = durationpb.New(r.Warmup)
