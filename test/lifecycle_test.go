@@ -293,3 +293,44 @@ func TestRecoveryDrill(t *testing.T) {
 		return voters == 2
 	})
 }
+
+// outageReturn kills a follower with SIGKILL, keeps it down for outage,
+// starts it again and returns how long it took to be back in every node's
+// view. The cluster runs with --up-after 3s (fastRaft): before peer
+// connections got a bounded backoff, a node back after a long outage
+// re-entered the view only when gRPC's backoff (up to 120 s) let the
+// leader's health check reach it.
+func outageReturn(t *testing.T, c *procCluster, outage time.Duration) time.Duration {
+	t.Helper()
+	leader := c.leader("")
+	var victim string
+	for _, id := range c.ids {
+		if id != leader {
+			victim = id
+			break
+		}
+	}
+	c.kill(victim)
+	c.waitFor("the view drops the killed node", 30*time.Second, func() bool { return c.liveCount() == len(c.ids)-1 })
+	time.Sleep(outage) // the outage itself: nothing to wait for
+	start := time.Now()
+	c.start(victim)
+	c.waitFor("the node is back in the view", outage+60*time.Second, func() bool { return c.liveCount() == len(c.ids) })
+	return time.Since(start)
+}
+
+// TestOutageReturn: a node down for 20 s is back in the view within
+// --up-after plus raft's replication backoff of its start. The node must
+// catch up before the view takes it, and hashicorp/raft's leader retries a
+// follower that failed for long after at most 10.24 s (failureWait 10 ms,
+// maxFailureScale 12: constants of the library); heartbeats resume sooner
+// (capped at half the heartbeat timeout) and gRPC peer connections within
+// 1 s. The bound here is --up-after + 10.24 s + 2 s.
+func TestOutageReturn(t *testing.T) {
+	c := newProcCluster(t, 3)
+	took := outageReturn(t, c, 20*time.Second)
+	t.Logf("FIGURE back in the view %v after a start that ended a 20 s outage (--up-after 3s)", took.Round(time.Millisecond))
+	if bound := 3*time.Second + 10240*time.Millisecond + 2*time.Second; took > bound {
+		t.Fatalf("back in the view only %v after its start; bound %v", took, bound)
+	}
+}
