@@ -303,6 +303,23 @@ func TestDrainLeavesTheViewAndComesBack(t *testing.T) {
 	}
 }
 
+// TestDrainOfTheOnlyOwner: a single node does not empty its view when it
+// stops (its keys have nowhere to go), and it is back after a restart.
+func TestDrainOfTheOnlyOwner(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", nil)
+	waitFor(t, "ready", 20*time.Second, a.Ready)
+	if err := a.Drain(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if a.View().Len() != 1 || a.Ready() {
+		t.Fatalf("after drain: view %d, ready %v", a.View().Len(), a.Ready())
+	}
+	c.stop("a")
+	a = c.start("a", nil)
+	waitFor(t, "ready after restart", 20*time.Second, a.Ready)
+}
+
 // TestRecoverFromLostQuorum: a 3-node cluster loses two nodes for good; the
 // survivor is recovered offline, serves writes with every rule, and new
 // nodes join it.

@@ -184,6 +184,11 @@ func (n *Node) DrainMember(ctx context.Context, id string) error {
 // The node reports not ready from the start of Drain on.
 func (n *Node) Drain(ctx context.Context) error {
 	n.draining.Store(true)
+	if live := n.fsm.live(); len(live) == 1 && live[0] == n.cfg.NodeID {
+		// The only owner: there is nowhere to move the keys, and an empty
+		// view would only turn the last calls into errors.
+		return nil
+	}
 	for n.inView() {
 		err := n.DrainMember(ctx, n.cfg.NodeID)
 		var le *rule.LeaderError
