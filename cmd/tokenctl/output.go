@@ -201,6 +201,9 @@ func writeRuleTable(w io.Writer, r *pb.Rule) error {
 	}
 	row("version", "%d", r.GetVersion())
 	row("generation", "%d", r.GetGeneration())
+	if r.GetUpdatedBy() != "" {
+		row("updated by", "%s", r.GetUpdatedBy())
+	}
 	return tw.Flush()
 }
 

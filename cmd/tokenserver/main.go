@@ -17,9 +17,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/buildinfo"
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
+	"github.com/tokenserver/tokenserver/internal/tlsutil"
 )
 
 func main() {
@@ -65,6 +67,16 @@ type options struct {
 	logFormat string
 	logLevel  string
 	version   bool
+	sec       securityFlags
+}
+
+// securityFlags are the TLS and authentication flags.
+type securityFlags struct {
+	tlsCert, tlsKey, tlsClientCA, tlsClientAuth string
+	peerCert, peerKey, peerCA                   string
+	httpTLS                                     bool
+	authTokens                                  string
+	insecure                                    bool
 }
 
 // envName is the environment variable that sets a flag: TOKENSERVER_ and the
@@ -108,7 +120,18 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", o.cfg.ShutdownGrace, "on SIGTERM, the most time to leave the routing view, linger and let calls in flight finish")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
-	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
+	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --pprof-addr")
+	fs.StringVar(&o.cfg.PprofAddr, "pprof-addr", o.cfg.PprofAddr, "listen address of /debug/pprof/ with --pprof (plain HTTP: a loopback address unless --insecure)")
+	fs.StringVar(&o.sec.tlsCert, "tls-cert", "", "PEM certificate (with its chain) to serve TLS on the gRPC port, and on the HTTP port unless --http-tls=false; re-read when it changes")
+	fs.StringVar(&o.sec.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&o.sec.tlsClientCA, "tls-client-ca", "", "PEM CA bundle that client certificates must chain to; turns certificate authentication on (and is the peer CA unless --peer-tls-ca)")
+	fs.StringVar(&o.sec.tlsClientAuth, "tls-client-auth", "", "client certificates on the gRPC port: none, request (verified if offered) or require (default: request with --tls-client-ca, else none)")
+	fs.BoolVar(&o.sec.httpTLS, "http-tls", true, "serve the HTTP port over TLS with --tls-cert when it is set")
+	fs.StringVar(&o.sec.peerCert, "peer-tls-cert", "", "PEM certificate this node presents to its peers, Raft and gRPC (default: --tls-cert)")
+	fs.StringVar(&o.sec.peerKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert (default: --tls-key)")
+	fs.StringVar(&o.sec.peerCA, "peer-tls-ca", "", "PEM CA bundle that peers' certificates must chain to (default: --tls-client-ca)")
+	fs.StringVar(&o.sec.authTokens, "auth-tokens", "", "token file: lines of `sha256:HEX PRINCIPAL ROLE[,ROLE...]` (see tokenctl token create); callers then need a token or a client certificate; re-read when it changes")
+	fs.BoolVar(&o.sec.insecure, "insecure", false, "listen on addresses other than loopback with neither TLS nor authentication anyway (anyone who reaches the node can rewrite its rules)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
@@ -153,6 +176,56 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
+// security builds the node's TLS and authentication from the flags and
+// enforces the protected mode; the function it returns stops their file
+// polling.
+func (o *options) security(log *slog.Logger) (func(), error) {
+	f := o.sec
+	if f.tlsCert == "" && (f.tlsClientCA != "" || f.peerCert != "" || f.peerCA != "") {
+		return nil, errors.New("--tls-client-ca and the --peer-tls flags need --tls-cert and --tls-key: the gRPC port, which peers call too, must serve TLS")
+	}
+	rl, err := tlsutil.New(tlsutil.Files{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA,
+		PeerCertFile: f.peerCert, PeerKeyFile: f.peerKey, PeerCAFile: f.peerCA}, tlsutil.Options{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	mode := f.tlsClientAuth
+	if mode == "" {
+		mode = "none"
+		if f.tlsClientCA != "" {
+			mode = "request"
+		}
+	}
+	ca, err := tlsutil.ParseClientAuth(mode)
+	if err != nil {
+		rl.Close()
+		return nil, fmt.Errorf("--tls-client-auth: %w", err)
+	}
+	if ca != tlsutil.ClientAuthNone && f.tlsClientCA == "" {
+		rl.Close()
+		return nil, fmt.Errorf("--tls-client-auth=%s needs --tls-client-ca", mode)
+	}
+	az, err := auth.New(auth.Options{TokenFile: f.authTokens, ClientCerts: f.tlsClientCA != "", Logger: log})
+	if err != nil {
+		rl.Close()
+		return nil, err
+	}
+	closeAll := func() { az.Close(); rl.Close() }
+	if err := auth.CheckExposure(f.tlsCert != "", az.Enabled(), f.insecure, o.cfg.GRPCAddr, o.raft.RaftBind, o.cfg.HTTPAddr); err != nil {
+		closeAll()
+		return nil, err
+	}
+	if o.cfg.Pprof && !auth.IsLoopback(o.cfg.PprofAddr) && !f.insecure {
+		closeAll()
+		return nil, fmt.Errorf("--pprof-addr %s is not a loopback address: profiles and the command line are served in the clear to anyone; use 127.0.0.1 or pass --insecure", o.cfg.PprofAddr)
+	}
+	o.cfg.Security = server.Security{ClientAuth: ca, HTTPTLS: f.httpTLS, Auth: az, Insecure: f.insecure}
+	if f.tlsCert != "" {
+		o.cfg.Security.TLS = rl
+	}
+	return closeAll, nil
+}
+
 func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
@@ -183,6 +256,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	o.cfg.Logger = log
 	o.raft.Logger = log
+	closeSec, err := o.security(log)
+	if err != nil {
+		return err
+	}
+	defer closeSec()
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(o.gcPercent)
 	}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/buildinfo"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
@@ -48,7 +49,8 @@ func (n *Node) onLeader(ctx context.Context, err error, call func(context.Contex
 	if cerr != nil {
 		return peerError("leader "+le.ID, cerr)
 	}
-	if ferr := call(markForwarded(ctx), pb.NewAdminServiceClient(conn)); ferr != nil {
+	// The leader records the caller, not this node, as the write's author.
+	if ferr := call(auth.ForwardContext(markForwarded(ctx)), pb.NewAdminServiceClient(conn)); ferr != nil {
 		return peerError("leader "+le.ID, ferr)
 	}
 	return nil
@@ -59,7 +61,9 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 	if req.GetRule() == nil {
 		return nil, status.Error(codes.InvalidArgument, "rule is missing")
 	}
-	r, err := s.n.cluster.Put(ctx, rulepb.FromProto(req.GetRule()), req.ExpectedVersion)
+	in := rulepb.FromProto(req.GetRule())
+	in.UpdatedBy = actor(ctx)
+	r, err := s.n.cluster.Put(ctx, in, req.ExpectedVersion)
 	if err != nil {
 		var resp *pb.PutRuleResponse
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) (err error) {
@@ -68,7 +72,7 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 		})
 		return resp, err
 	}
-	s.n.log.Info("rule put", "rule", r.Name, "algorithm", r.Algorithm.String(), "version", r.Version)
+	s.n.log.Info("rule put", "rule", r.Name, "algorithm", r.Algorithm.String(), "version", r.Version, "by", r.UpdatedBy)
 	return &pb.PutRuleResponse{Rule: rulepb.ToProto(r)}, nil
 }
 
@@ -179,6 +183,13 @@ func (s *adminService) JoinCluster(ctx context.Context, req *pb.JoinClusterReque
 	if req.GetId() == "" || req.GetRaftAddr() == "" || req.GetGrpcAddr() == "" {
 		return nil, status.Error(codes.InvalidArgument, "join needs id, raft_addr and grpc_addr")
 	}
+	// A node joining itself must be the node its certificate names (a
+	// forwarded join was checked where it arrived; an admin's join, or a
+	// peer CA without node ids, is checked by the join probe: the Raft
+	// address must answer as that id).
+	if p, ok := auth.FromContext(ctx); ok && p.IsPeer() && p.NodeID != "" && !forwarded(ctx) && !auth.PeerNamesNode(ctx, req.GetId()) {
+		return nil, status.Errorf(codes.PermissionDenied, "%s may join only as itself, not as %q", p, req.GetId())
+	}
 	if err := s.n.cluster.AddMember(ctx, req.GetId(), req.GetRaftAddr(), req.GetGrpcAddr()); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.JoinCluster(ctx, req)
@@ -236,7 +247,7 @@ func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.N
 	return &pb.NodeStatusResponse{
 		Id: st.ID, Role: strings.ToLower(st.State), Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
 		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.ready.Load(), LastIndex: st.LastIndex, Draining: st.Draining || s.n.draining.Load(),
-		Version: buildinfo.Version(), RulesDigest: s.digestOf(t), Rules: uint64(t.Len()),
+		Version: buildinfo.Version(), RulesDigest: s.digestOf(t), Rules: uint64(t.Len()), Insecure: s.n.cfg.Security.Insecure,
 	}, nil
 }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -166,12 +167,17 @@ func (s *Standalone) RestoreRules(context.Context, io.Reader) (int, uint64, erro
 // peers keeps one client connection per other node, for forwarding, health
 // checks and joins.
 type peers struct {
+	creds  credentials.TransportCredentials
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
 }
 
-func newPeers() *peers { return &peers{conns: map[string]*grpc.ClientConn{}} }
+// newPeers returns a pool that dials with mutual TLS over tlsCfg
+// (tlsutil.Reloader.PeerClientConfig), or plain TCP when it is nil.
+func newPeers(tlsCfg *tls.Config) *peers {
+	return &peers{creds: peerDialCreds(tlsCfg), conns: map[string]*grpc.ClientConn{}}
+}
 
 // conn returns the connection to addr, creating it on first use.
 func (p *peers) conn(addr string) (*grpc.ClientConn, error) {
@@ -183,7 +189,7 @@ func (p *peers) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
 		// A node back after an outage must be reachable again within a
 		// second or so, not after gRPC's default backoff of up to 120 s:
 		// the view takes it back --up-after after its health check passes.

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -62,8 +63,14 @@ type Config struct {
 	// DrainLinger is how long a stopping node keeps answering after it
 	// left the routing view, while clients hear of the new view.
 	DrainLinger time.Duration
-	// Pprof serves net/http/pprof under /debug/pprof/ on the HTTP address.
+	// Pprof serves net/http/pprof under /debug/pprof/ on PprofAddr.
 	Pprof bool
+	// PprofAddr is the listen address of /debug/pprof/ (plain HTTP, its
+	// own listener; keep it on loopback).
+	PprofAddr string
+	// Security is TLS and authentication; the zero value is plain TCP with
+	// every call allowed.
+	Security Security
 	// Logger receives the node's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Clock returns monotonic nanoseconds; nil means the process clock.
@@ -76,6 +83,7 @@ func DefaultConfig() Config {
 	return Config{
 		GRPCAddr:        "127.0.0.1:7070",
 		HTTPAddr:        "127.0.0.1:7072",
+		PprofAddr:       "127.0.0.1:7073",
 		MaxBucketMemory: DefaultBucketMemory(),
 		MaxRules:        rule.DefaultMaxRules,
 		MaxRecvMsgSize:  4 << 20,
@@ -142,11 +150,16 @@ type Node struct {
 	draining      atomic.Bool
 	metrics       *metrics
 	done          chan struct{}
+	// auth authorizes calls (nil when auth is off); peersOnly says that the
+	// forwarded marker counts only from peers (TLS or auth is on).
+	auth      *auth.Authenticator
+	peersOnly bool
 
 	mu       sync.Mutex
 	grpcLis  net.Listener
 	httpLis  net.Listener
 	httpSrv  *http.Server
+	pprofSrv *http.Server
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 }
@@ -162,7 +175,6 @@ func New(cfg Config, c Cluster) (*Node, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		cluster: c,
-		peers:   newPeers(),
 		buckets: shard.New(shard.Config{Shards: cfg.Shards, MaxBuckets: cfg.MaxBuckets, MaxBytes: cmp.Or(cfg.MaxBucketMemory, DefaultBucketMemory())}),
 		now:     cfg.Clock,
 		health:  health.NewServer(),
@@ -178,7 +190,14 @@ func New(cfg Config, c Cluster) (*Node, error) {
 		// Offset by a day so that window arithmetic never sees time near 0.
 		n.now = func() int64 { return int64(time.Since(start)) + int64(24*time.Hour) }
 	}
-	n.grpc = grpc.NewServer(
+	sec := &cfg.Security
+	if sec.authOn() {
+		n.auth = sec.Auth
+	}
+	n.peersOnly = sec.tlsOn() || sec.authOn()
+	_, peerClient := sec.peerTLS()
+	n.peers = newPeers(peerClient)
+	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize),
 		// Serve calls on a pool of goroutines whose stacks have already
 		// grown, rather than a new goroutine per call: growing a fresh
@@ -191,8 +210,16 @@ func New(cfg Config, c Cluster) (*Node, error) {
 		// One interceptor (not a chain of three): gRPC allocates a closure
 		// per chained interceptor per call.
 		grpc.UnaryInterceptor(n.unary),
-		grpc.ChainStreamInterceptor(n.recoverStream),
-	)
+		grpc.ChainStreamInterceptor(n.recoverStream, n.secureStream),
+	}
+	creds, err := sec.serverOption()
+	if err != nil {
+		return nil, fmt.Errorf("server config: %w", err)
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	n.grpc = grpc.NewServer(opts...)
 	pb.RegisterTokenServiceServer(n.grpc, &tokenService{n: n})
 	pb.RegisterAdminServiceServer(n.grpc, &adminService{n: n})
 	healthpb.RegisterHealthServer(n.grpc, n.health)
@@ -329,7 +356,17 @@ func (n *Node) Serve(ctx context.Context) error {
 			return err
 		}
 	}
-	errc := make(chan error, 2)
+	hcfg, err := n.cfg.Security.httpTLS()
+	if err != nil {
+		return fmt.Errorf("http tls: %w", err)
+	}
+	var pl net.Listener
+	if n.cfg.Pprof && n.cfg.PprofAddr != "" {
+		if pl, err = net.Listen("tcp", n.cfg.PprofAddr); err != nil {
+			return fmt.Errorf("listen pprof %s: %w", n.cfg.PprofAddr, err)
+		}
+	}
+	errc := make(chan error, 3)
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -338,22 +375,44 @@ func (n *Node) Serve(ctx context.Context) error {
 		}
 	}()
 	if n.httpLis != nil {
-		n.httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+		n.httpSrv = newHTTPServer(n.httpHandler())
+		n.httpSrv.TLSConfig = hcfg
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			if err := n.httpSrv.Serve(n.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			var err error
+			if hcfg != nil {
+				err = n.httpSrv.ServeTLS(n.httpLis, "", "") // certificates from TLSConfig
+			} else {
+				err = n.httpSrv.Serve(n.httpLis)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http server: %w", err)
 			}
 		}()
+	}
+	if pl != nil {
+		n.mu.Lock()
+		n.pprofSrv = newHTTPServer(pprofHandler())
+		n.mu.Unlock()
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.pprofSrv.Serve(pl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("pprof server: %w", err)
+			}
+		}()
+	}
+	if n.cfg.Security.Insecure {
+		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.cluster.ID())
 	}
 	n.wg.Add(2)
 	go n.sweep()
 	go n.watchReadiness()
 	n.serving.Store(true)
 	n.updateHealth()
-	n.log.Info("tokenserver serving", "node", n.cluster.ID(), "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "max_buckets", n.cfg.MaxBuckets)
-	var err error
+	n.log.Info("tokenserver serving", "node", n.cluster.ID(), "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "max_buckets", n.cfg.MaxBuckets,
+		"tls", n.cfg.Security.tlsOn(), "auth", n.auth != nil)
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
@@ -402,6 +461,12 @@ func (n *Node) Stop() {
 			_ = n.httpSrv.Shutdown(ctx)
 			cancel()
 		}
+		n.mu.Lock()
+		ps := n.pprofSrv
+		n.mu.Unlock()
+		if ps != nil {
+			_ = ps.Close()
+		}
 		n.wg.Wait()
 		n.peers.close()
 	})
@@ -430,13 +495,6 @@ func (n *Node) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", n.metrics.handler())
-	if n.cfg.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
 		case n.ready.Load():
@@ -454,12 +512,36 @@ func (n *Node) httpHandler() http.Handler {
 	return mux
 }
 
-// unary is the one unary interceptor: it turns a panic into an Internal
-// error, a log line and tokenserver_panics_total (bad input never takes the
-// node down), gives calls
-// without a deadline the default one, and times data-plane calls into the
-// decision latency histogram.
+// newHTTPServer is an HTTP server with timeouts on reading a request and
+// on idle connections (no write timeout: a CPU profile takes 30 s).
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+}
+
+// pprofHandler serves Go's profiles under /debug/pprof/.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// unary is the one unary interceptor: it authorizes the call (when auth is
+// on), drops a client's forwarded marker (see dropForeignForward), turns a
+// panic into an Internal error, a log line and tokenserver_panics_total
+// (bad input never takes the node down), gives calls without a deadline
+// the default one, times data-plane calls into the decision latency
+// histogram and audits writes.
 func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+	if n.auth != nil {
+		if ctx, err = n.authorize(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+	}
+	ctx = n.dropForeignForward(ctx)
 	defer func() {
 		if p := recover(); p != nil {
 			n.metrics.panics.Inc()
@@ -474,7 +556,11 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	}
 	obs, measured := n.metrics.methods[info.FullMethod]
 	if !measured {
-		return h(ctx, req)
+		resp, err = h(ctx, req)
+		if auth.IsWrite(info.FullMethod) {
+			n.audit(ctx, info.FullMethod, err)
+		}
+		return resp, err
 	}
 	start := time.Now()
 	resp, err = h(ctx, req)

@@ -45,8 +45,15 @@ func Start(o Options) (*Node, error) {
 	if o.Server.AdvertiseGRPC == "" {
 		o.Server.AdvertiseGRPC = gl.Addr().String()
 	}
-	pool := newPeers()
+	sec := &o.Server.Security
+	multi := o.Raft.BootstrapExpect > 1 || len(o.Join) > 0 || len(o.Raft.Peers) > 1
+	if err := CheckPeers(sec, multi, o.Raft.RaftBind); err != nil {
+		return fail(err)
+	}
+	peerServer, peerClient := sec.peerTLS()
+	pool := newPeers(peerClient)
 	rc := o.Raft
+	rc.PeerServerTLS, rc.PeerClientTLS = peerServer, peerClient
 	rc.AdvertiseGRPC = o.Server.AdvertiseGRPC
 	rc.Health = pool.Health
 	rc.JoinVia = pool.JoinVia
