@@ -19,4 +19,10 @@ USER 65532:65532
 EXPOSE 7070 7071 7072
 VOLUME ["/data"]
 ENTRYPOINT ["/usr/local/bin/tokenserver"]
-CMD ["--data-dir=/data", "--grpc-addr=0.0.0.0:7070", "--raft-addr=0.0.0.0:7071", "--http-addr=0.0.0.0:7072"]
+# A container is reached through its published ports, so it listens on
+# 0.0.0.0; --insecure says so knowingly (plain TCP, no authentication). For
+# anything but a trial give TLS and tokens instead (README, "Running it
+# safely"): docker run ... tokenserver --data-dir=/data --grpc-addr=0.0.0.0:7070
+# --raft-addr=0.0.0.0:7071 --http-addr=0.0.0.0:7072 --tls-cert=... --tls-key=...
+# --tls-client-ca=... --auth-tokens=...
+CMD ["--data-dir=/data", "--grpc-addr=0.0.0.0:7070", "--raft-addr=0.0.0.0:7071", "--http-addr=0.0.0.0:7072", "--insecure"]
