@@ -65,5 +65,22 @@ proto-check: ## Fail if the committed generated code is stale.
 		$(PROTO_SRC) && \
 	diff -ru -I '^//[[:space:]]*- protoc ' -I '^//[[:space:]]*protoc ' $$tmp/tokenserver proto/tokenserver --exclude='*.proto' && echo "proto: generated code is up to date (the protoc version comment aside)"
 
+# Go native fuzz targets as package:Target; `make test` runs their seed
+# corpora (testdata/fuzz included), `make fuzz` fuzzes each for FUZZTIME.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := \
+	./internal/bucket:FuzzInvariants ./internal/bucket:FuzzSlidingLog \
+	./internal/rule:FuzzValidate ./internal/rule:FuzzRuleJSON ./internal/rule:FuzzRequestNames \
+	./internal/rulepb:FuzzFromProto ./cmd/tokenctl:FuzzParseRules \
+	./internal/shard:FuzzParseGrant ./internal/shard:FuzzAcquire \
+	./internal/raftfsm:FuzzDecodeEntry ./internal/raftfsm:FuzzRestore
+
+.PHONY: fuzz
+fuzz: ## Fuzz every target for FUZZTIME (default 30s); a find is written to the package's testdata/fuzz: commit it as a seed.
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 5s $$pkg 2>&1 | awk '/elapsed: .*execs/ {last = $$0; next} /elapsed/ {next} {print} END {print last}'; \
+	done
+
 clean: ## Remove build output.
 	rm -rf $(BIN)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"strings"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
 )
@@ -83,6 +84,9 @@ func ParseGrant(s string) (Grant, error) {
 	var raw [grantRawLen]byte
 	if len(s) != GrantIDLen {
 		return Grant{}, rule.Invalid("grant_id is malformed: %d characters, want %d", len(s), GrantIDLen)
+	}
+	if strings.ContainsAny(s, "\r\n") { // the decoder would skip them
+		return Grant{}, rule.Invalid("grant_id %q is malformed: a line break", s)
 	}
 	if _, err := base64.RawURLEncoding.Decode(raw[:], []byte(s)); err != nil {
 		return Grant{}, rule.Invalid("grant_id %q is malformed: %v", s, err)
