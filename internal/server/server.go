@@ -210,6 +210,9 @@ func New(cfg Config, c Cluster) (*Node, error) {
 		// One interceptor (not a chain of three): gRPC allocates a closure
 		// per chained interceptor per call.
 		grpc.UnaryInterceptor(n.unary),
+		// Invalid UTF-8 in a request is InvalidArgument naming the field,
+		// not gRPC's INTERNAL decoding error (see utf8Codec).
+		grpc.ForceServerCodecV2(newUTF8Codec()),
 		grpc.ChainStreamInterceptor(n.recoverStream, n.secureStream),
 	}
 	creds, err := sec.serverOption()
@@ -536,6 +539,7 @@ func pprofHandler() http.Handler {
 // the default one, times data-plane calls into the decision latency
 // histogram and audits writes.
 func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+	badUTF8 := takeBadUTF8(req) // taken first, so that it is always forgotten
 	if n.auth != nil {
 		if ctx, err = n.authorize(ctx, info.FullMethod); err != nil {
 			return nil, err
@@ -549,6 +553,10 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
 		}
 	}()
+	if badUTF8 != nil {
+		n.metrics.observeError(codes.InvalidArgument)
+		return nil, badUTF8
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.DefaultDeadline)
@@ -581,7 +589,7 @@ func (n *Node) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
 		}
 	}()
-	return h(srv, ss)
+	return h(srv, utf8Stream{ss})
 }
 
 // RegisterServices registers the node's services on another gRPC server

@@ -1,0 +1,123 @@
+package server
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// utf8Codec is gRPC's proto codec, except that a request whose string field
+// holds invalid UTF-8 (which proto3 refuses to decode, and gRPC then
+// answers INTERNAL) is decoded as an empty message and remembered with the
+// path of the offending field; the interceptors answer it InvalidArgument
+// naming that field before any handler sees it.
+type utf8Codec struct{ encoding.CodecV2 }
+
+func newUTF8Codec() utf8Codec { return utf8Codec{encoding.GetCodecV2(protoenc.Name)} }
+
+// badUTF8 maps a request message to the field that held invalid UTF-8;
+// pendingBadUTF8 counts its entries, so that the interceptors look it up
+// only when there is one.
+var (
+	badUTF8        sync.Map
+	pendingBadUTF8 atomic.Int64
+)
+
+// Unmarshal implements encoding.CodecV2.
+func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
+	m, ok := v.(proto.Message)
+	if !ok {
+		return err
+	}
+	field := invalidUTF8Field(data.Materialize(), m.ProtoReflect().Descriptor(), "")
+	if field == "" {
+		return err
+	}
+	proto.Reset(m)
+	badUTF8.Store(m, field)
+	pendingBadUTF8.Add(1)
+	return nil
+}
+
+// takeBadUTF8 returns the InvalidArgument error of a request decoded with
+// invalid UTF-8, or nil, forgetting it.
+func takeBadUTF8(req any) error {
+	if pendingBadUTF8.Load() == 0 || req == nil {
+		return nil
+	}
+	f, ok := badUTF8.LoadAndDelete(req)
+	if !ok {
+		return nil
+	}
+	pendingBadUTF8.Add(-1)
+	return status.Errorf(codes.InvalidArgument, "%s is not valid UTF-8", f)
+}
+
+// invalidUTF8Field walks the wire form b of a message of descriptor d and
+// returns the path of its first string field that is not valid UTF-8
+// ("requests[2].key"), or "".
+func invalidUTF8Field(b []byte, d protoreflect.MessageDescriptor, prefix string) string {
+	seen := map[protowire.Number]int{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		fd := d.Fields().ByNumber(num)
+		if typ != protowire.BytesType || fd == nil {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return ""
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		name := prefix + string(fd.Name())
+		if fd.IsList() {
+			name += "[" + strconv.Itoa(seen[num]) + "]"
+			seen[num]++
+		}
+		switch fd.Kind() {
+		case protoreflect.StringKind:
+			if !utf8.Valid(v) {
+				return name
+			}
+		case protoreflect.MessageKind, protoreflect.GroupKind:
+			if f := invalidUTF8Field(v, fd.Message(), name+"."); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
+}
+
+// utf8Stream answers a streamed request with invalid UTF-8 InvalidArgument.
+type utf8Stream struct{ grpc.ServerStream }
+
+// RecvMsg implements grpc.ServerStream.
+func (s utf8Stream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return takeBadUTF8(m)
+}
