@@ -15,7 +15,9 @@ import (
 // rawCodec sends requests as given bytes and decodes responses as proto.
 type rawCodec struct{ raw []byte }
 
-func (c rawCodec) Marshal(any) (mem.BufferSlice, error) { return mem.BufferSlice{mem.SliceBuffer(c.raw)}, nil }
+func (c rawCodec) Marshal(any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(c.raw)}, nil
+}
 func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
 }
