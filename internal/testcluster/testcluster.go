@@ -50,6 +50,13 @@ type Cluster struct {
 	Nodes []*Node
 	// Mutate, when set, changes each node's options before it starts.
 	Mutate func(*server.Options)
+	// PKI, when set, runs every node with TLS, mutual TLS between peers and
+	// token auth (PKI.Security), and the nodes' clients (Token, Admin) dial
+	// over TLS with the admin token.
+	PKI *PKI
+	// ReloadInterval is how often secure nodes re-read their files (0: the
+	// default of 5 s).
+	ReloadInterval time.Duration
 }
 
 // New starts n nodes: the first bootstraps, the others join through it.
@@ -58,10 +65,26 @@ func New(t testing.TB, n int) *Cluster { return NewWith(t, n, nil) }
 
 // NewWith is New with mutate applied to every node's options.
 func NewWith(t testing.TB, n int, mutate func(*server.Options)) *Cluster {
-	c := &Cluster{t: t, Mutate: mutate}
+	return newCluster(&Cluster{t: t, Mutate: mutate}, n)
+}
+
+// NewSecure is New with TLS on every port, mutual TLS between the nodes
+// and token auth: certificates and tokens in c.PKI.
+func NewSecure(t testing.TB, n int, mutate func(*server.Options)) *Cluster {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = nodeID(i)
+	}
+	return newCluster(&Cluster{t: t, Mutate: mutate, PKI: NewPKI(t, ids...), ReloadInterval: 100 * time.Millisecond}, n)
+}
+
+func nodeID(i int) string { return fmt.Sprintf("node-%d", i) }
+
+func newCluster(c *Cluster, n int) *Cluster {
+	t := c.t
 	t.Cleanup(c.StopAll)
 	for i := 0; i < n; i++ {
-		node := &Node{ID: fmt.Sprintf("node-%d", i), DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0"}
+		node := &Node{ID: nodeID(i), DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0"}
 		c.Nodes = append(c.Nodes, node)
 		var join []string
 		if i > 0 {
@@ -113,6 +136,9 @@ func (c *Cluster) start(n *Node, join []string) {
 	rcfg.NodeID, rcfg.DataDir, rcfg.RaftBind = n.ID, n.DataDir, n.RaftAddr
 	rcfg.DownAfter, rcfg.UpAfter, rcfg.LivenessInterval = time.Second, 2*time.Second, 100*time.Millisecond
 	rcfg.StabilizationTime = 500 * time.Millisecond
+	if c.PKI != nil {
+		scfg.Security = c.PKI.Security(c.t, n.ID, c.ReloadInterval)
+	}
 	opts := server.Options{Server: scfg, Raft: rcfg, Join: join}
 	if c.Mutate != nil {
 		c.Mutate(&opts)
@@ -126,7 +152,11 @@ func (c *Cluster) start(n *Node, join []string) {
 	if rn, ok := sn.Cluster().(*raftfsm.Node); ok {
 		n.RaftAddr = rn.RaftAddr()
 	}
-	conn, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if c.PKI != nil {
+		dial = c.PKI.DialOptions("admin")
+	}
+	conn, err := grpc.NewClient(n.GRPCAddr, dial...)
 	if err != nil {
 		c.t.Fatal(err)
 	}
