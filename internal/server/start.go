@@ -24,6 +24,11 @@ type Options struct {
 // Start opens the listeners and the Raft node and returns a node to Serve.
 // Listening first lets ":0" addresses resolve before Raft records them.
 func Start(o Options) (*Node, error) {
+	sec := &o.Server.Security
+	multi := o.Raft.BootstrapExpect > 1 || len(o.Join) > 0 || len(o.Raft.Peers) > 1
+	if err := CheckPeers(sec, multi, o.Raft.RaftBind); err != nil {
+		return nil, err
+	}
 	gl, err := net.Listen("tcp", o.Server.GRPCAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen grpc %s: %w", o.Server.GRPCAddr, err)
@@ -45,11 +50,6 @@ func Start(o Options) (*Node, error) {
 	if o.Server.AdvertiseGRPC == "" {
 		o.Server.AdvertiseGRPC = gl.Addr().String()
 	}
-	sec := &o.Server.Security
-	multi := o.Raft.BootstrapExpect > 1 || len(o.Join) > 0 || len(o.Raft.Peers) > 1
-	if err := CheckPeers(sec, multi, o.Raft.RaftBind); err != nil {
-		return fail(err)
-	}
 	peerServer, peerClient := sec.peerTLS()
 	pool := newPeers(peerClient)
 	rc := o.Raft
@@ -62,6 +62,11 @@ func Start(o Options) (*Node, error) {
 	rc.ObserveApply = func(d time.Duration) {
 		if n := self.Load(); n != nil {
 			n.metrics.apply.Observe(d.Seconds())
+		}
+	}
+	rc.OnCaughtUp = func() {
+		if n := self.Load(); n != nil {
+			n.updateHealth()
 		}
 	}
 	rc.Join = len(o.Join) > 0
