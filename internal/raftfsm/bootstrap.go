@@ -149,11 +149,16 @@ func (n *Node) register() {
 				n.log.Debug("register addresses: retrying", "err", err)
 			}
 		}
+		caughtUpCh := n.caughtUpCh
+		if caughtUp {
+			caughtUpCh = nil
+		}
 		select {
 		case <-n.done:
 			return
 		case <-n.leaderChanged():
 		case <-n.fsm.ViewChanged():
+		case <-caughtUpCh:
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

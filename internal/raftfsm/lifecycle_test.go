@@ -11,7 +11,29 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/tokenserver/tokenserver/internal/rule"
 )
+
+// onLeader runs f on the current leader, again while it fails for want
+// of a leader: with the tests' 150 ms leader lease, a loaded machine can
+// cost a leader its lease and start an election in the middle of a test.
+func onLeader(t *testing.T, c *testCluster, f func(l *Node) error) error {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var err error
+		if l := c.leader(); l == nil {
+			err = rule.ErrNoLeader
+		} else {
+			err = f(l)
+		}
+		var le *rule.LeaderError
+		if err == nil || !(errors.Is(err, rule.ErrNoLeader) || errors.As(err, &le)) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
 
 func rawLog(i uint64, data []byte) *raft.Log {
 	return &raft.Log{Index: i, Type: raft.LogCommand, Data: data}
@@ -97,19 +119,19 @@ func TestSimultaneousStarts(t *testing.T) {
 // (no-op, configuration and barrier entries too).
 func TestRestartedFollowerReady(t *testing.T) {
 	c := threeNodes(t)
-	a := c.nodes["a"]
-	if _, err := a.Put(ctxT(t), tbRule("api", 5), nil); err != nil {
+	if err := onLeader(t, c, func(l *Node) error { _, err := l.Put(ctxT(t), tbRule("api", 5), nil); return err }); err != nil {
 		t.Fatal(err)
 	}
 	// Reads must not write Barriers any more: a hundred reads leave the
-	// log as it was.
-	before := a.raft.LastIndex()
+	// log as it was (unless an election wrote its no-op meanwhile).
+	l := c.leader()
+	before, term := l.raft.LastIndex(), l.raft.CurrentTerm()
 	for i := 0; i < 100; i++ {
-		if _, err := a.Get(ctxT(t), "api"); err != nil {
+		if err := onLeader(t, c, func(l *Node) error { _, err := l.Get(ctxT(t), "api"); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if after := a.raft.LastIndex(); after != before {
+	if after := l.raft.LastIndex(); after != before && l.raft.CurrentTerm() == term {
 		t.Fatalf("100 consistent reads wrote %d log entries", after-before)
 	}
 	var took []time.Duration
@@ -183,7 +205,7 @@ func TestJoinOfADeadAddressIsRefused(t *testing.T) {
 	if a.voters() != 1 {
 		t.Fatalf("%d voters after refused joins", a.voters())
 	}
-	if _, err := a.Put(ctxT(t), tbRule("still-writable", 1), nil); err != nil {
+	if err := onLeader(t, c, func(l *Node) error { _, err := l.Put(ctxT(t), tbRule("still-writable", 1), nil); return err }); err != nil {
 		t.Fatalf("the cluster lost its quorum: %v", err)
 	}
 }
@@ -234,23 +256,34 @@ func TestJoinReplacesAMemberDeadForTheStabilizationTime(t *testing.T) {
 // which fewer than a quorum of the voters left answer, is refused.
 func TestRemoveMemberKeepsQuorum(t *testing.T) {
 	c := threeNodes(t)
-	a := c.nodes["a"]
 	c.stop("c")
-	// Without b, the voters left are a and the dead c: 1 of 2 answer.
-	if err := a.RemoveMember(ctxT(t), "b"); !errors.Is(err, ErrRefused) {
-		t.Fatalf("remove b with c dead: %v", err)
+	remove := func(id string) error {
+		return onLeader(t, c, func(l *Node) error { return l.RemoveMember(ctxT(t), id) })
+	}
+	other := func() string { // the live voter that does not lead
+		if c.leader() == c.nodes["a"] {
+			return "b"
+		}
+		return "a"
+	}
+	// Without one of a and b, the voters left are the other and the dead
+	// c: 1 of 2 answer.
+	if err := remove(other()); !errors.Is(err, ErrRefused) {
+		t.Fatalf("remove a live voter with c dead: %v", err)
 	}
 	// Removing the dead c leaves a and b, both alive.
-	if err := a.RemoveMember(ctxT(t), "c"); err != nil {
+	if err := remove("c"); err != nil {
 		t.Fatalf("remove the dead c: %v", err)
 	}
-	if err := a.RemoveMember(ctxT(t), "b"); err != nil {
-		t.Fatalf("remove b from a, b: %v", err)
+	gone := other()
+	if err := remove(gone); err != nil {
+		t.Fatalf("remove %s from a, b: %v", gone, err)
 	}
-	if err := a.RemoveMember(ctxT(t), "a"); !errors.Is(err, ErrRefused) {
+	last := c.leader()
+	if err := remove(last.ID()); !errors.Is(err, ErrRefused) {
 		t.Fatalf("remove the last voter: %v", err)
 	}
-	if _, err := a.Put(ctxT(t), tbRule("after", 1), nil); err != nil {
+	if _, err := last.Put(ctxT(t), tbRule("after", 1), nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -325,13 +358,13 @@ func TestDrainOfTheOnlyOwner(t *testing.T) {
 // nodes join it.
 func TestRecoverFromLostQuorum(t *testing.T) {
 	c := threeNodes(t)
-	a := c.nodes["a"]
 	for i := 0; i < 5; i++ {
-		if _, err := a.Put(ctxT(t), tbRule(fmt.Sprint("r", i), 5), nil); err != nil {
+		if err := onLeader(t, c, func(l *Node) error { _, err := l.Put(ctxT(t), tbRule(fmt.Sprint("r", i), 5), nil); return err }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitFor(t, "b has every rule", 10*time.Second, func() bool { return c.nodes["b"].Table().Len() == 5 })
+	// Keep b: stop the others, whichever leads.
 	c.stop("a")
 	c.stop("c")
 	// b alone cannot elect itself: quorum is lost.

@@ -58,6 +58,15 @@ func (h *healthBook) reset() {
 	clear(h.m)
 }
 
+// kickLiveness makes the leader's liveness loop look at the members now
+// rather than at its next tick (a member registered again, say).
+func (n *Node) kickLiveness() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
 // policy is the autopilot policy of the node's configuration.
 func (n *Node) policy() apPolicy {
 	return apPolicy{MaxVoters: n.cfg.MaxVoters, Stabilization: n.cfg.StabilizationTime,
@@ -99,6 +108,7 @@ func (n *Node) liveness() {
 		case <-n.done:
 			return
 		case <-t.C:
+		case <-n.kick:
 		}
 		if !n.IsLeader() {
 			n.health.reset()

@@ -76,7 +76,11 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, grpcAddr string) err
 		n.log.Info("member added as a non-voter; autopilot promotes it once stable", "member", id, "raft_addr", raftAddr, "grpc_addr", grpcAddr,
 			"stabilization", n.cfg.StabilizationTime.String())
 	}
-	return n.applyMember(ctx, entrySetMember, memberInfo{ID: id, GRPCAddr: grpcAddr, RaftAddr: raftAddr})
+	if err := n.applyMember(ctx, entrySetMember, memberInfo{ID: id, GRPCAddr: grpcAddr, RaftAddr: raftAddr}); err != nil {
+		return err
+	}
+	n.kickLiveness() // a member back from a restart enters the view now
+	return nil
 }
 
 // replaceable reports why member id, at oldAddr, may not be replaced: it

@@ -91,6 +91,10 @@ type Config struct {
 	// of the routing view (AdminService.DrainMember); nil means this node
 	// can leave the view only while it leads.
 	DrainVia func(ctx context.Context, leaderGRPC, id string) error
+	// OnCaughtUp, when set, is called once the node has caught up with the
+	// log, before it registers for the view (the server reports its member
+	// health there, which the leader checks next).
+	OnCaughtUp func()
 	// Logger receives the node's and Raft's logs.
 	Logger *slog.Logger
 	// ObserveApply, when set, receives the time each entry this node
@@ -203,6 +207,9 @@ type Node struct {
 	// health is the leader's record of each member's health, for the
 	// routing view and autopilot (see liveness.go).
 	health healthBook
+	kick   chan struct{} // wakes the liveness loop; see kickLiveness
+	// caughtUpCh is closed when caughtUp latches.
+	caughtUpCh chan struct{}
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -226,7 +233,7 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, log: log, fsm: NewFSM(), hbFailing: map[string]time.Time{}, done: make(chan struct{}), started: time.Now()}
+	n := &Node{cfg: cfg, log: log, fsm: NewFSM(), hbFailing: map[string]time.Time{}, done: make(chan struct{}), started: time.Now(), kick: make(chan struct{}, 1), caughtUpCh: make(chan struct{})}
 	ch := make(chan struct{})
 	n.leaderSig.Store(&ch)
 	ok := false

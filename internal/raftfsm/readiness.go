@@ -35,6 +35,10 @@ func (n *Node) readiness() {
 			}
 		} else if n.appliedThrough(target) {
 			n.caughtUp.Store(true)
+			if n.cfg.OnCaughtUp != nil {
+				n.cfg.OnCaughtUp()
+			}
+			close(n.caughtUpCh)
 			n.log.Info("caught up with the raft log", "index", target, "since_start", time.Since(n.started).Round(time.Millisecond).String())
 			return
 		}
