@@ -58,3 +58,23 @@ func Full(b Bucket) bool {
 	}
 	return false
 }
+
+// InitialBytes is Bytes of New(c, now), computed without allocating, so
+// that a cap can refuse a new bucket before it exists.
+func InitialBytes(c *Config) int64 {
+	switch c.Algorithm {
+	case TokenBucket:
+		return int64(unsafe.Sizeof(tokenBucket{}))
+	case LeakyBucket:
+		return int64(unsafe.Sizeof(leakyBucket{}))
+	case FixedWindow:
+		return int64(unsafe.Sizeof(fixedWindow{}))
+	case SlidingWindow:
+		return int64(unsafe.Sizeof(slidingWindow{})) + c.Samples()*int64(unsafe.Sizeof(int64(0)))
+	case SlidingLog:
+		return int64(unsafe.Sizeof(slidingLog{}))
+	case Concurrency:
+		return int64(unsafe.Sizeof(concurrency{}))
+	}
+	return 0
+}

@@ -2,7 +2,11 @@ package shard
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,4 +92,60 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFloodRSS floods one node with 2M distinct keys of the costliest
+// algorithm per key (a sliding window of 1000 sub-windows, about 8 KB) on a
+// one-hour rule, so nothing becomes evictable, against a 256 MiB bucket
+// budget, with the server's GC settings (GOGC 400, GOMEMLIMIT at budget +
+// 64 MiB). It reports the peak process RSS above the RSS before the flood,
+// and the bucket memory counted.
+func BenchmarkFloodRSS(b *testing.B) {
+	const budget, keys = 256 << 20, 2_000_000
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(budget + 64<<20))
+	for i := 0; i < b.N; i++ {
+		r := tb("api", 100)
+		r.Algorithm, r.Period, r.SampleCount = bucket.SlidingWindow, time.Hour, 1000
+		_, get := store(b, r)
+		c := get("api")
+		runtime.GC()
+		base := rssBytes(b)
+		m := New(Config{MaxBytes: budget})
+		peak, refused := base, 0
+		buf := make([]byte, 0, 32)
+		for j := range keys {
+			buf = fmt.Appendf(buf[:0], "flood-%07d", j)
+			if _, err := m.Acquire(c, string(buf), bucket.Request{Permits: 1}, sec+int64(j)); err != nil {
+				refused++
+			}
+			if j%20_000 == 0 {
+				peak = max(peak, rssBytes(b))
+			}
+		}
+		peak = max(peak, rssBytes(b))
+		b.ReportMetric(float64(peak-base)/(1<<20), "peak-RSS-MiB")
+		b.ReportMetric(float64(m.Bytes())/(1<<20), "counted-MiB")
+		b.ReportMetric(float64(refused), "refused")
+		runtime.KeepAlive(m)
+	}
+}
+
+// rssBytes reads the process's resident set size from /proc/self/status.
+func rssBytes(b *testing.B) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Skip("no /proc/self/status:", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	b.Skip("no VmRSS")
+	return 0
 }

@@ -221,12 +221,12 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 		sh.mu.Unlock()
 		return e, nil
 	}
-	b := bucket.New(cfg, now)
-	size := entryFixed + keyBytes(len(bk)) + bucket.Bytes(b)
+	size := entryFixed + keyBytes(len(bk)) + bucket.InitialBytes(cfg)
 	if err := m.admitNew(sh, c, size, now); err != nil {
 		sh.mu.Unlock()
 		return nil, err
 	}
+	b := bucket.New(cfg, now) // after admission: a refused key allocates nothing
 	first := max(uint64(now), m.dropped.Load()+1)
 	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c}
 	e.mu.Lock()
