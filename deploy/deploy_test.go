@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tokenserver/tokenserver/internal/server"
 )
 
 // objects holds every manifest decoded strictly into its k8s.io/api type.
@@ -156,6 +158,67 @@ func TestManifests(t *testing.T) {
 	}
 	if _, ok := o.cms[0].Data["rules.yaml"]; !ok {
 		t.Error("the rules ConfigMap has no rules.yaml")
+	}
+	checkMemory(t, c, a)
+}
+
+// Memory arithmetic of a tokenserver pod (figures from BenchmarkMemoryPerKey
+// and BenchmarkFloodRSS in internal/shard).
+const (
+	// heapPerCounted is the live heap per byte of bucket memory counted
+	// against --max-bucket-memory: at most 304.8 B measured for 296 B
+	// counted (sliding log), so 1.05 with margin.
+	heapPerCounted = 1.05
+	// baseHeap is the live heap besides buckets: rule table, gRPC and Raft
+	// buffers, metrics.
+	baseHeap = 64 << 20
+	// liveShare is how much of GOMEMLIMIT the live heap may fill so that
+	// the GC (at --gc-percent 400) is not driven into back-to-back cycles.
+	liveShare = 2.0 / 3
+	// limitShare is how much of the container's memory limit GOMEMLIMIT may
+	// be: the rest is goroutine stacks, bbolt's mmap and the runtime.
+	limitShare = 0.9
+)
+
+// checkMemory checks that the bucket budget, GOMEMLIMIT and the container
+// limit fit together: the live heap at a full budget stays within
+// liveShare of GOMEMLIMIT, which stays within limitShare of the limit.
+func checkMemory(t *testing.T, c corev1.Container, a map[string]string) {
+	t.Helper()
+	var goMemLimit int64
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			v, err := server.ParseBytes(e.Value)
+			if err != nil {
+				t.Fatalf("GOMEMLIMIT=%q: %v", e.Value, err)
+			}
+			goMemLimit = v
+		}
+	}
+	if goMemLimit == 0 {
+		t.Fatal("the container sets no GOMEMLIMIT")
+	}
+	budget := server.DefaultBucketMemory()
+	if v, ok := a["max-bucket-memory"]; ok {
+		var err error
+		if budget, err = server.ParseBytes(v); err != nil {
+			t.Fatalf("--max-bucket-memory=%s: %v", v, err)
+		}
+	} else {
+		budget = goMemLimit / 100 * server.BucketMemoryShare
+	}
+	limit := c.Resources.Limits.Memory().Value()
+	live := int64(heapPerCounted*float64(budget)) + baseHeap
+	t.Logf("bucket budget %d MiB -> live heap up to %d MiB; GOMEMLIMIT %d MiB; container limit %d MiB",
+		budget>>20, live>>20, goMemLimit>>20, limit>>20)
+	if float64(live) > liveShare*float64(goMemLimit) {
+		t.Errorf("a full bucket budget of %d MiB makes a live heap of about %d MiB, above %.0f%% of GOMEMLIMIT (%d MiB)", budget>>20, live>>20, 100*liveShare, goMemLimit>>20)
+	}
+	if float64(goMemLimit) > limitShare*float64(limit) {
+		t.Errorf("GOMEMLIMIT %d MiB is above %.0f%% of the container's memory limit %d MiB", goMemLimit>>20, 100*limitShare, limit>>20)
+	}
+	if _, ok := a["max-buckets"]; ok {
+		t.Error("--max-buckets counts buckets, not bytes: bound the pod's memory with --max-bucket-memory")
 	}
 }
 
