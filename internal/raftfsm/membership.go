@@ -21,8 +21,14 @@ import (
 // node id, a removal that would lose quorum): FailedPrecondition.
 var ErrRefused = errors.New("refused")
 
+// refusedError is an ErrRefused with its own message.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string        { return e.msg }
+func (e *refusedError) Is(target error) bool { return target == ErrRefused }
+
 func refused(format string, args ...any) error {
-	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), ErrRefused)
+	return &refusedError{msg: fmt.Sprintf(format, args...)}
 }
 
 // AddMember adds a node (on the leader; elsewhere a *rule.LeaderError). The
