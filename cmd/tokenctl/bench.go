@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"math"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -494,9 +496,10 @@ func fmtMs(ms float64) string {
 
 func newBenchServerCmd(a *app) *cobra.Command {
 	var (
-		addr      string
-		duration  time.Duration
-		gcPercent int
+		addr                string
+		duration            time.Duration
+		gcPercent           int
+		serveCert, serveKey string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench-server",
@@ -520,7 +523,20 @@ listens on to stdout and serves until interrupted or --duration passes.`,
 			}
 			// The same stream-worker pool as tokenserver, so the two are
 			// measured with the same gRPC server settings.
-			s := grpc.NewServer(grpc.NumStreamWorkers(32))
+			opts := []grpc.ServerOption{grpc.NumStreamWorkers(32)}
+			if (serveCert == "") != (serveKey == "") {
+				lis.Close()
+				return usagef("--serve-cert and --serve-key go together")
+			}
+			if serveCert != "" {
+				pair, err := tls.LoadX509KeyPair(serveCert, serveKey)
+				if err != nil {
+					lis.Close()
+					return fmt.Errorf("bench-server: %w", err)
+				}
+				opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}})))
+			}
+			s := grpc.NewServer(opts...)
 			if _, set := os.LookupEnv("GOGC"); !set {
 				debug.SetGCPercent(gcPercent)
 			}
@@ -558,5 +574,7 @@ listens on to stdout and serves until interrupted or --duration passes.`,
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:0", "address to listen on (port 0 picks a free one)")
 	cmd.Flags().IntVar(&gcPercent, "gc-percent", 400, "Go GC target percentage, as tokenserver's --gc-percent (unless GOGC is set)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "stop after this long (0: until interrupted)")
+	cmd.Flags().StringVar(&serveCert, "serve-cert", "", "serve TLS with this PEM certificate (as tokenserver's --tls-cert), to measure 'bench --mode bare' over TLS")
+	cmd.Flags().StringVar(&serveKey, "serve-key", "", "PEM private key of --serve-cert")
 	return cmd
 }
