@@ -368,7 +368,11 @@ func notSent(err error) bool {
 	msg := st.Message()
 	return strings.Contains(msg, "Error while dialing") ||
 		strings.Contains(msg, "connection refused") ||
-		strings.Contains(msg, "produced zero addresses")
+		strings.Contains(msg, "produced zero addresses") ||
+		// The connection closed before the server's preface: it never
+		// became ready, so no call was written to it (the picker failed
+		// the call with the connection's last error).
+		strings.Contains(msg, "error reading server preface")
 }
 
 // notReadyReason is the server's NotReadyReason.

@@ -326,10 +326,10 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 
 // killTrial kills the owner of keys (a follower) under SDK load and
 // returns how long after the kill the last fallback decision and the first
-// server decision for every key came, and the admissions per key from the
-// kill to the end of the trial. The owner is started again and back in
-// the view when it returns.
-func killTrial(t *testing.T, c *procCluster, sdk *client.Client, rule string) (fallback, served time.Duration, admitted map[string]int) {
+// server decision for every key came, how many fallback decisions there
+// were, and the admissions per key from the kill to the end of the trial.
+// The owner is started again and back in the view when it returns.
+func killTrial(t *testing.T, c *procCluster, sdk *client.Client, rule string) (fallback, served time.Duration, fellBack int, admitted map[string]int) {
 	t.Helper()
 	leader := c.leader("")
 	var victim string
@@ -362,6 +362,8 @@ func killTrial(t *testing.T, c *procCluster, sdk *client.Client, rule string) (f
 		}
 		if d.source == client.SourceFallback {
 			lastFallback = d.at
+			fellBack++
+			t.Logf("fallback %v after the kill for %s: %v", d.at.Sub(killed).Round(time.Millisecond), d.key, d.err)
 		} else if firstServed[d.key].IsZero() {
 			firstServed[d.key] = d.at
 		}
@@ -378,7 +380,7 @@ func killTrial(t *testing.T, c *procCluster, sdk *client.Client, rule string) (f
 	}
 	c.start(victim)
 	c.waitFor("the killed node back in the view", 60*time.Second, func() bool { return c.liveCount() == 3 })
-	return fallback, served, admitted
+	return fallback, served, fellBack, admitted
 }
 
 // TestSDKKilledOwner: kill -9 of a key's owner under SDK load. The keys are
@@ -392,9 +394,9 @@ func TestSDKKilledOwner(t *testing.T) {
 		Fallback: &pb.Fallback{Policy: pb.FallbackPolicy_DENY}})
 	sdk, _ := sdkClient(t, []string{c.grpc["n0"], c.grpc["n1"], c.grpc["n2"]})
 	for trial := 0; trial < 2; trial++ {
-		fallback, served, admitted := killTrial(t, c, sdk, "kill")
-		t.Logf("kill %d: fallback until %v after the kill, every key served by a server again within %v; admitted after the kill %v (bound: one fresh bucket, 20 per key)",
-			trial, fallback.Round(time.Millisecond), served.Round(time.Millisecond), admitted)
+		fallback, served, fellBack, admitted := killTrial(t, c, sdk, "kill")
+		t.Logf("kill %d: every key served by a server again within %v; %d fallback decisions, the last %v after the kill; admitted after the kill %v (bound: one fresh bucket, 20 per key)",
+			trial, served.Round(time.Millisecond), fellBack, fallback.Round(time.Millisecond), admitted)
 		if served > 2*time.Second {
 			t.Errorf("kill %d: a key was first served by a server %v after the kill (generous bound 2 s; target 1 s)", trial, served)
 		}

@@ -92,7 +92,7 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 	if owner.ID == self || forwarded(ctx) { // the owner is checked first: it is free
 		return nil, nil
 	}
-	if avoid := avoided(ctx); avoid != nil && avoid[owner.ID] {
+	if avoid := n.avoided(ctx, v); avoid[owner.ID] {
 		next, ok := v.OwnerExcept(cluster.KeyHash(key), func(id string) bool { return avoid[id] && id != self })
 		if !ok || next.ID == self {
 			return nil, nil
@@ -122,16 +122,24 @@ func notReady(msg string) error {
 	return st.Err()
 }
 
-// avoided returns the member ids of the caller's AvoidHeader, nil if none.
-func avoided(ctx context.Context) map[string]bool {
+// avoided returns the member ids of the caller's AvoidHeader that this
+// node honors (see avoidable), nil if none.
+func (n *Node) avoided(ctx context.Context, v *cluster.View) map[string]bool {
 	vals := metadata.ValueFromIncomingContext(ctx, AvoidHeader)
 	if len(vals) == 0 {
 		return nil
 	}
-	out := map[string]bool{}
-	for _, v := range vals {
-		for _, id := range strings.Split(v, ",") {
-			if id = strings.TrimSpace(id); id != "" && len(out) < 64 {
+	var out map[string]bool
+	for _, val := range vals {
+		for _, id := range strings.Split(val, ",") {
+			if id = strings.TrimSpace(id); id == "" || len(out) >= 64 || id == n.cluster.ID() {
+				continue
+			}
+			m, inView := v.Member(id)
+			if !inView || n.avoidable(m) {
+				if out == nil {
+					out = map[string]bool{}
+				}
 				out[id] = true
 			}
 		}
@@ -139,11 +147,72 @@ func avoided(ctx context.Context) map[string]bool {
 	return out
 }
 
+// avoidable reports whether this node believes a caller that says member m
+// cannot be reached: m's last health check from here failed, or none has
+// answered yet. A claim about m with no check in the last
+// peerCheckInterval starts one in the background. So a caller that names a
+// healthy member to get a second bucket for its keys gains at most the
+// calls before the check answers; a frozen, dead or not-ready member is
+// avoided from the first call.
+func (n *Node) avoidable(m cluster.Member) bool {
+	ph := peerHealthOf(n)
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	st := ph.m[m.ID]
+	if st == nil {
+		st = &peerState{}
+		ph.m[m.ID] = st
+	}
+	if !st.checking && time.Since(st.checked) > peerCheckInterval {
+		st.checking = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), peerCheckTimeout)
+			ok := n.peers.Health(ctx, m.GRPCAddr)
+			cancel()
+			ph.mu.Lock()
+			st.healthy, st.checked, st.checking = ok, time.Now(), false
+			ph.mu.Unlock()
+		}()
+	}
+	return !st.healthy
+}
+
+// How often, and how long, a node checks a member that callers avoid.
+const (
+	peerCheckInterval = time.Second
+	peerCheckTimeout  = 300 * time.Millisecond
+)
+
+// peerHealth is what a node learned of the members callers avoid.
+type peerHealth struct {
+	mu sync.Mutex
+	m  map[string]*peerState // by member id
+}
+
+type peerState struct {
+	healthy  bool // the last check answered SERVING
+	checked  time.Time
+	checking bool
+}
+
+var peerHealths sync.Map // *Node → *peerHealth, until the node stops
+
+func peerHealthOf(n *Node) *peerHealth {
+	if ph, ok := peerHealths.Load(n); ok {
+		return ph.(*peerHealth)
+	}
+	ph, loaded := peerHealths.LoadOrStore(n, &peerHealth{m: map[string]*peerState{}})
+	if !loaded {
+		go func() { <-n.done; peerHealths.Delete(n) }()
+	}
+	return ph.(*peerHealth)
+}
+
 // nextOwner is the member that answers key when owner cannot be reached:
 // the next in rendezvous order among the members that are neither owner
 // nor avoided by the caller. ok is false when there is none.
 func (n *Node) nextOwner(ctx context.Context, v *cluster.View, key, owner string) (next cluster.Member, local, ok bool) {
-	avoid := avoided(ctx)
+	avoid := n.avoided(ctx, v)
 	self := n.cluster.ID()
 	next, ok = v.OwnerExcept(cluster.KeyHash(key), func(id string) bool { return id != self && (id == owner || avoid[id]) })
 	return next, ok && next.ID == self, ok
@@ -269,7 +338,7 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	self := s.n.cluster.ID()
 	var avoid map[string]bool
 	if !fwd {
-		avoid = avoided(ctx)
+		avoid = s.n.avoided(ctx, v)
 	}
 	for i, it := range items {
 		out.Results[i] = &results[i]
