@@ -62,7 +62,7 @@ func (n *node) close() {
 // call is one acquire waiting for its answer.
 type call struct {
 	req      *pb.AcquireTokenRequest
-	avoid    string // member ids the call must not be decided by (avoidHeader)
+	avoid    *string // member ids the call must not be decided by (avoidHeader); nil for none, keeping call in its 80-byte size class
 	deadline time.Time
 	resp     *pb.AcquireTokenResponse
 	err      error
@@ -115,7 +115,11 @@ func (n *node) acquire(ctx context.Context, req *pb.AcquireTokenRequest, avoid s
 	if !ok {
 		dl = time.Now().Add(n.c.o.callTimeout)
 	}
-	cl := &call{req: req, avoid: avoid, deadline: dl, done: make(chan struct{})}
+	cl := &call{req: req, deadline: dl, done: make(chan struct{})}
+	if avoid != "" {
+		a := avoid // only this branch allocates (&avoid would move the parameter to the heap on every call)
+		cl.avoid = &a
+	}
 	select {
 	case n.in <- cl:
 	case <-ctx.Done():
@@ -314,11 +318,14 @@ func (n *node) send(batch []*call) {
 func batchAvoid(batch []*call) string {
 	out := ""
 	for _, cl := range batch {
-		if cl.avoid != "" && cl.avoid != out && !strings.Contains(","+out+",", ","+cl.avoid+",") {
+		if cl.avoid == nil {
+			continue
+		}
+		if a := *cl.avoid; a != out && !strings.Contains(","+out+",", ","+a+",") {
 			if out != "" {
 				out += ","
 			}
-			out += cl.avoid
+			out += a
 		}
 	}
 	return out
