@@ -5,9 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
@@ -402,5 +406,99 @@ func TestRotation(t *testing.T) {
 	fresh := dialWith(t, n.GRPCAddr, c.PKI.DialOptions("admin")...)
 	if got := serial(fresh); got != rotated.Cert.SerialNumber.String() {
 		t.Fatalf("a new gRPC connection got serial %s, want the rotated %s", got, rotated.Cert.SerialNumber)
+	}
+}
+
+// syncBuffer is a log sink shared by goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestHTTPSAuditReflection: the HTTP port serves TLS with the node's
+// certificate (and plain HTTP is refused there); /debug/pprof is not on
+// it; reflection answers only an authenticated caller; a write is logged
+// with its principal on the node that took it and on the leader.
+func TestHTTPSAuditReflection(t *testing.T) {
+	logs := &syncBuffer{}
+	c := NewSecure(t, 2, func(o *server.Options) {
+		o.Server.HTTPAddr = "127.0.0.1:0"
+		o.Server.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	n := c.Nodes[0]
+	httpAddr := n.HTTPAddr()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: c.PKI.ClientTLS()}}
+	resp, err := hc.Get("https://" + httpAddr + "/healthz")
+	if err != nil {
+		t.Fatalf("GET https /healthz: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET https /healthz: %s", resp.Status)
+	}
+	if resp, err := hc.Get("https://" + httpAddr + "/debug/pprof/"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("/debug/pprof/ is served on the HTTP port")
+		}
+	}
+	if resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + httpAddr + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("plain HTTP answered 200 on the TLS port")
+		}
+	}
+
+	anon := dialWith(t, n.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(c.PKI.ClientTLS())))
+	listServices := func(conn *grpc.ClientConn) error {
+		s, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx(t))
+		if err != nil {
+			return err
+		}
+		if err := s.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			return err
+		}
+		_, err = s.Recv()
+		return err
+	}
+	wantCode(t, "reflection without a credential", listServices(anon), codes.Unauthenticated)
+	if err := listServices(dialWith(t, n.GRPCAddr, c.PKI.DialOptions("client")...)); err != nil {
+		t.Fatalf("reflection with a client token: %v", err)
+	}
+
+	f := c.Follower()
+	if _, err := pb.NewAdminServiceClient(dialWith(t, f.GRPCAddr, c.PKI.DialOptions("editor")...)).PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("audited", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pb.NewAdminServiceClient(dialWith(t, f.GRPCAddr, c.PKI.DialOptions("viewer")...)).DeleteRule(ctx(t), &pb.DeleteRuleRequest{Name: "audited"})
+	wantCode(t, "viewer: DeleteRule", err, codes.PermissionDenied)
+	want := "msg=audit method=/tokenserver.v1.AdminService/PutRule principal=token:editor-user code=OK"
+	if got := strings.Count(logs.String(), want); got != 2 {
+		t.Errorf("%d audit lines %q, want 2 (the follower and the leader):\n%s", got, want, logs.String())
+	}
+	if !strings.Contains(logs.String(), `msg="audit: write refused" method=/tokenserver.v1.AdminService/DeleteRule`) {
+		t.Errorf("no log of the refused write:\n%s", logs.String())
+	}
+}
+
+// TestInsecureReported: a node started with --insecure says so in
+// NodeStatus.
+func TestInsecureReported(t *testing.T) {
+	c := NewWith(t, 1, func(o *server.Options) { o.Server.Security.Insecure = true })
+	ns, err := c.Nodes[0].Admin().NodeStatus(ctx(t), &pb.NodeStatusRequest{})
+	if err != nil || !ns.GetInsecure() {
+		t.Fatalf("NodeStatus insecure = %v, %v", ns.GetInsecure(), err)
 	}
 }
