@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tokenserver/tokenserver/client"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -113,5 +114,56 @@ func TestFiguresViewStreamsCPU(t *testing.T) {
 			conn.Close()
 		}
 		t.Logf("FIGURE 1,000 idle WatchClusterView streams over %d connections: server CPU %.2f%% of a core (%.2f%% with none); %d views received in the 12 s (heartbeat 1 s)", conns, busy, idle, views)
+	}
+}
+
+// TestFiguresSDKRollingRestart: each node of 3 in turn stopped with SIGTERM
+// (it leaves the routing view first), started again and waited for back in
+// the view, under SDK load on 30 keys of a DENY rule: fallback decisions
+// per step, and the time from the first to the last of them.
+func TestFiguresSDKRollingRestart(t *testing.T) {
+	c := newProcCluster(t, 3)
+	c.putRuleEverywhere(&pb.Rule{Name: "roll", Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: 1_000_000, Period: durationpb.New(time.Second),
+		Fallback: &pb.Fallback{Policy: pb.FallbackPolicy_DENY}})
+	sdk, _ := sdkClient(t, []string{c.grpc["n0"], c.grpc["n1"], c.grpc["n2"]})
+	var keys []string
+	for i := 0; i < 30; i++ {
+		keys = append(keys, fmt.Sprint("roll-", i))
+	}
+	stop := make(chan struct{})
+	seen := loadLoop(sdk.Limiter("roll"), keys, time.Millisecond, stop)
+	time.Sleep(300 * time.Millisecond)
+	type step struct {
+		id         string
+		start, end time.Time
+	}
+	var steps []step
+	for _, id := range c.ids {
+		s := step{id: id, start: time.Now()}
+		c.stop(id)
+		c.start(id)
+		c.waitFor(id+" back in the view", 60*time.Second, func() bool { return c.liveCount() == 3 })
+		s.end = time.Now()
+		steps = append(steps, s)
+	}
+	close(stop)
+	all := <-seen
+	for _, s := range steps {
+		var n, calls int
+		var first, last time.Time
+		for _, d := range all {
+			if d.at.Before(s.start) || d.at.After(s.end) {
+				continue
+			}
+			calls++
+			if d.source == client.SourceFallback {
+				if n == 0 {
+					first = d.at
+				}
+				n, last = n+1, d.at
+			}
+		}
+		t.Logf("FIGURE SDK rolling restart, step %s (SIGTERM, start, back in the view: %v): %d calls, %d fallback decisions (DENY: ErrUnavailable), spanning %v",
+			s.id, s.end.Sub(s.start).Round(time.Millisecond), calls, n, last.Sub(first).Round(time.Millisecond))
 	}
 }
