@@ -48,6 +48,28 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return -1
 }
 
+// rpcCount is tokenserver_client_rpcs_total for method in reg.
+func rpcCount(t *testing.T, reg *prometheus.Registry, method string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "tokenserver_client_rpcs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "method" && lp.GetValue() == method {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
 // decisionCount is tokenserver_client_decisions_total for rule, source and
 // result in reg.
 func decisionCount(t *testing.T, reg *prometheus.Registry, rule, source, result string) float64 {
@@ -252,6 +274,10 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond) // load before the freeze
 
+	watches := make([]float64, len(fs))
+	for i, f := range fs {
+		watches[i] = rpcCount(t, f.reg, "WatchClusterView")
+	}
 	pid := c.procs[victim].cmd.Process.Pid
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // before startServer's kill
 	frozen := time.Now()
@@ -307,6 +333,9 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 		}
 		t.Logf("FIGURE frozen watched node, client %d: its keys decided by servers again %v after SIGSTOP (last fallback decision); client on the cluster's new view %v after SIGSTOP (cluster dropped it after %v; --down-after 2s); %d calls after the freeze: %d by servers, %d fallback (DENY), %d allowed locally",
 			i, around.Round(time.Millisecond), clientView[i].Round(time.Millisecond), dropped.Sub(frozen).Round(time.Millisecond), served+fellBack, served, fellBack, allowedLocally)
+		if moved := rpcCount(t, f.reg, "WatchClusterView") - watches[i]; moved < 1 {
+			t.Errorf("client %d opened no new watch stream after the freeze: it did not follow the frozen node, or never moved off it", i)
+		}
 		if allowedLocally != 0 {
 			t.Errorf("client %d: %d calls allowed locally under a DENY fallback", i, allowedLocally)
 		}
