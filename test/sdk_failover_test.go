@@ -311,9 +311,13 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 		seen := <-f.seen
 		var lastFallback time.Time
 		var served, fellBack, allowedLocally int
+		firstServed := map[string]time.Duration{}
 		for _, d := range seen {
 			if d.at.Before(frozen) {
 				continue
+			}
+			if _, ok := firstServed[d.key]; !ok && d.source != client.SourceFallback {
+				firstServed[d.key] = d.at.Sub(frozen)
 			}
 			switch d.source {
 			case client.SourceFallback:
@@ -331,8 +335,12 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 		if !lastFallback.IsZero() {
 			around = lastFallback.Sub(frozen)
 		}
-		t.Logf("FIGURE frozen watched node, client %d: its keys decided by servers again %v after SIGSTOP (last fallback decision); client on the cluster's new view %v after SIGSTOP (cluster dropped it after %v; --down-after 2s); %d calls after the freeze: %d by servers, %d fallback (DENY), %d allowed locally",
-			i, around.Round(time.Millisecond), clientView[i].Round(time.Millisecond), dropped.Sub(frozen).Round(time.Millisecond), served+fellBack, served, fellBack, allowedLocally)
+		var routed time.Duration // every key decided by a server again
+		for _, d := range firstServed {
+			routed = max(routed, d)
+		}
+		t.Logf("FIGURE frozen watched node, client %d: every key decided by a server %v after SIGSTOP, the last fallback decision %v after it; client on the cluster's new view %v after SIGSTOP (the cluster dropped the node after %v; --down-after 2s); %d calls after the freeze: %d by servers, %d fallback (DENY), %d allowed locally",
+			i, routed.Round(time.Millisecond), around.Round(time.Millisecond), clientView[i].Round(time.Millisecond), dropped.Sub(frozen).Round(time.Millisecond), served+fellBack, served, fellBack, allowedLocally)
 		if moved := rpcCount(t, f.reg, "WatchClusterView") - watches[i]; moved < 1 {
 			t.Errorf("client %d opened no new watch stream after the freeze: it did not follow the frozen node, or never moved off it", i)
 		}
@@ -342,13 +350,20 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 		if clientView[i] == 0 || clientView[i] > dropped.Sub(frozen)+time.Second+2*time.Second {
 			t.Errorf("client %d: on the cluster's new view after %v; the cluster dropped the node after %v (bound: +1 s, +2 s slack for a shared machine)", i, clientView[i], dropped.Sub(frozen))
 		}
+		// Every key is decided by a server again well before the view
+		// drops the node: ~0.3 s here (3 timeouts open the breaker); the
+		// bound is generous for a shared machine.
+		for _, k := range keys {
+			if d, ok := firstServed[k]; !ok || d > 2*time.Second {
+				t.Errorf("client %d: key %s first decided by a server %v after SIGSTOP (served: %v; generous bound 2 s)", i, k, d, ok)
+			}
+		}
 		// Regression: when the client took the new view before a server
 		// did, that server forwarded the key to the frozen node and the call
-		// timed out (a fallback at the view change, ~3 s). The bound is
-		// generous (shared machine); the figure is ~0.3 s (3 timeouts open
-		// the breaker).
-		if around > 2*time.Second {
-			t.Errorf("client %d: the frozen node's keys fell back until %v after SIGSTOP (generous bound 2 s; target: well under 1 s)", i, around)
+		// timed out: a fallback at each view change. A loaded machine times
+		// out a 100 ms call now and then; a handful is all that may fall back.
+		if fellBack > max(10, (served+fellBack)/20) {
+			t.Errorf("client %d: %d of %d calls fell back after the freeze", i, fellBack, served+fellBack)
 		}
 	}
 }
