@@ -278,6 +278,10 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 	for i, f := range fs {
 		watches[i] = rpcCount(t, f.reg, "WatchClusterView")
 	}
+	role := "a follower"
+	if c.leader("") == victim {
+		role = "the leader"
+	}
 	pid := c.procs[victim].cmd.Process.Pid
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // before startServer's kill
 	frozen := time.Now()
@@ -339,8 +343,8 @@ func TestSDKFrozenWatchedNode(t *testing.T) {
 		for _, d := range firstServed {
 			routed = max(routed, d)
 		}
-		t.Logf("FIGURE frozen watched node, client %d: every key decided by a server %v after SIGSTOP, the last fallback decision %v after it; client on the cluster's new view %v after SIGSTOP (the cluster dropped the node after %v; --down-after 2s); %d calls after the freeze: %d by servers, %d fallback (DENY), %d allowed locally",
-			i, routed.Round(time.Millisecond), around.Round(time.Millisecond), clientView[i].Round(time.Millisecond), dropped.Sub(frozen).Round(time.Millisecond), served+fellBack, served, fellBack, allowedLocally)
+		t.Logf("FIGURE frozen watched node (%s), client %d: every key decided by a server %v after SIGSTOP, the last fallback decision %v after it; client on the cluster's new view %v after SIGSTOP (the cluster dropped the node after %v; --down-after 2s); %d calls after the freeze: %d by servers, %d fallback (DENY), %d allowed locally",
+			role, i, routed.Round(time.Millisecond), around.Round(time.Millisecond), clientView[i].Round(time.Millisecond), dropped.Sub(frozen).Round(time.Millisecond), served+fellBack, served, fellBack, allowedLocally)
 		if moved := rpcCount(t, f.reg, "WatchClusterView") - watches[i]; moved < 1 {
 			t.Errorf("client %d opened no new watch stream after the freeze: it did not follow the frozen node, or never moved off it", i)
 		}
