@@ -131,12 +131,13 @@ func DefaultConfig() Config {
 	}
 }
 
-// FastTimeouts sets the test timeouts: heartbeat and election 300 ms,
-// leader lease 150 ms.
+// FastTimeouts sets the in-process test timeouts: heartbeat and election
+// 500 ms, leader lease 250 ms (shorter leases lost leadership on loaded
+// 2-core machines under -race).
 func (c *Config) FastTimeouts() {
-	c.HeartbeatTimeout = 300 * time.Millisecond
-	c.ElectionTimeout = 300 * time.Millisecond
-	c.LeaderLeaseTimeout = 150 * time.Millisecond
+	c.HeartbeatTimeout = 500 * time.Millisecond
+	c.ElectionTimeout = 500 * time.Millisecond
+	c.LeaderLeaseTimeout = 250 * time.Millisecond
 	c.CommitTimeout = 20 * time.Millisecond
 }
 
@@ -484,6 +485,7 @@ func (n *Node) Close() error {
 			}
 		}
 		close(n.done)
+		n.layer.endDials()
 		if serr := n.raft.Shutdown().Error(); serr != nil {
 			err = fmt.Errorf("raft shutdown: %w", serr)
 		}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -95,6 +96,11 @@ type streamLayer struct {
 	conns     chan net.Conn
 	done      chan struct{}
 	closeOnce sync.Once
+	// dialsEnd is closed when the node shuts down: Dial stops waiting for
+	// an address to take its connection (raft's shutdown waits for the
+	// goroutines that dial).
+	dialsEnd  chan struct{}
+	dialsOnce sync.Once
 	wg        sync.WaitGroup
 
 	mu       sync.Mutex
@@ -202,7 +208,7 @@ func newStreamLayerWith(o streamOptions) (*streamLayer, error) {
 		return nil, fmt.Errorf("advertise raft address %q: %w", advertise, err)
 	}
 	s := &streamLayer{ln: ln, advertise: advertiseAddr(advertise), probe: o.Probe, o: o,
-		conns: make(chan net.Conn), done: make(chan struct{}), perHost: map[string]int{}}
+		conns: make(chan net.Conn), done: make(chan struct{}), dialsEnd: make(chan struct{}), perHost: map[string]int{}}
 	s.dial = raw
 	if o.ClientTLS != nil {
 		s.dial = func(address string, timeout time.Duration) (net.Conn, error) {
@@ -369,18 +375,58 @@ func (s *streamLayer) Close() error {
 // Addr is the advertised address.
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
-// Dial opens a Raft connection to address.
+// redialFor is how long Dial keeps trying an address that does not take
+// the connection before it reports the failure to raft, trying every
+// redialEvery. raft's leader backs off exponentially per failed call to a
+// follower, up to 10.24 s (constants of hashicorp/raft), so a follower back
+// after an outage of a minute or more used to wait up to that long for its
+// log, and so for the routing view. A Dial that waits instead costs raft one
+// failure a minute, and connects within redialEvery of the node's return.
+// raft runs every call to a peer on that peer's own goroutines, so a waiting
+// Dial delays nothing else.
+const (
+	redialFor   = time.Minute
+	redialEvery = 100 * time.Millisecond
+)
+
+// Dial opens a Raft connection to address, waiting up to redialFor for it
+// to take one.
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := s.dial(string(address), timeout)
-	if err != nil {
-		return nil, err
+	giveUp := time.Now().Add(redialFor)
+	for {
+		c, err := s.dial(string(address), timeout)
+		if err == nil {
+			if _, err := c.Write([]byte{connRaft}); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		}
+		if !unanswered(err) || time.Now().After(giveUp) {
+			return nil, err
+		}
+		select {
+		case <-s.done:
+			return nil, err
+		case <-s.dialsEnd:
+			return nil, err
+		case <-time.After(redialEvery):
+		}
 	}
-	if _, err := c.Write([]byte{connRaft}); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
 }
+
+// unanswered reports whether a dial failed because nothing took the
+// connection (refused, reset, unreachable, timed out, a name that does not
+// resolve yet): worth waiting for. A refused TLS handshake is not.
+func unanswered(err error) bool {
+	var dnsErr *net.DNSError
+	var ne net.Error
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH) || errors.As(err, &dnsErr) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// endDials makes Dial give up at once from now on.
+func (s *streamLayer) endDials() { s.dialsOnce.Do(func() { close(s.dialsEnd) }) }
 
 // probe asks the node at a Raft address who it is.
 func probe(dial func(string, time.Duration) (net.Conn, error), address string, timeout time.Duration) (probeInfo, error) {

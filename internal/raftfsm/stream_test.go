@@ -279,7 +279,8 @@ func TestStreamPerHostCap(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if _, err := s.Dial(raftAddr(s), time.Second); err == nil {
+		// One attempt (Dial itself waits for a slot up to redialFor).
+		if _, err := s.dial(string(raftAddr(s)), time.Second); err == nil {
 			t.Error("a peer got a third slot")
 		}
 	})
