@@ -147,7 +147,6 @@ func (k *grantKeys) tagOf(bk []byte, gen uint64, g *Grant) uint64 {
 	return siphash(k.tag[0], k.tag[1], b)
 }
 
-
 // siphash is SipHash-2-4 (Aumasson and Bernstein) of p under the key
 // (k0, k1), as in the reference implementation.
 func siphash(k0, k1 uint64, p []byte) uint64 {
