@@ -65,7 +65,7 @@ func (q *concurrency) Acquire(c *Config, now int64, r Request) Result {
 	if q.total+max(n, 1) <= c.Limit {
 		if n > 0 {
 			if len(q.leases) == cap(q.leases) { // grow up to Limit leases, no more
-				grown := make([]lease, len(q.leases), max(min(max(4, 2*cap(q.leases)), int(min(c.Limit, MaxConcurrencyLimit))), len(q.leases)+1))
+				grown := make([]lease, len(q.leases), max(min(max(1, 2*cap(q.leases)), int(min(c.Limit, MaxConcurrencyLimit))), len(q.leases)+1))
 				copy(grown, q.leases)
 				q.leases = grown
 			}

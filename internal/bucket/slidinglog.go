@@ -76,9 +76,10 @@ func (l *slidingLog) push(c *Config, now, n int64) {
 	l.size++
 }
 
-// grow doubles the ring, up to Limit entries (at least one more).
+// grow doubles the ring (from one entry: a key seen once costs 16 bytes),
+// up to Limit entries (at least one more).
 func (l *slidingLog) grow(c *Config) {
-	n := min(max(8, 2*len(l.buf)), int(min(c.Limit, MaxLogLimit)))
+	n := min(max(1, 2*len(l.buf)), int(min(c.Limit, MaxLogLimit)))
 	n = max(n, l.size+1)
 	buf := make([]logEntry, n)
 	for i := range l.size {
