@@ -292,8 +292,20 @@ func (c *Client) applyView(pv *pb.ClusterView, authoritative bool) {
 
 // mergeRules returns old updated by a ready node's rules: replaced when
 // authoritative, else only added to and moved to newer versions. It
-// returns old itself when nothing changes.
+// returns old itself, without allocating, when nothing changes (the
+// heartbeat views of an idle cluster).
 func mergeRules(old map[string]*ruleInfo, in []*pb.ClientRule, authoritative bool) map[string]*ruleInfo {
+	same := !authoritative || len(in) == len(old)
+	for _, r := range in {
+		if !same {
+			break
+		}
+		o := old[r.GetName()]
+		same = o != nil && (*o == toRuleInfo(r) || (!authoritative && o.version >= r.GetVersion()))
+	}
+	if same {
+		return old
+	}
 	out := make(map[string]*ruleInfo, max(len(old), len(in)))
 	if !authoritative {
 		for k, v := range old {
@@ -301,20 +313,26 @@ func mergeRules(old map[string]*ruleInfo, in []*pb.ClientRule, authoritative boo
 		}
 	}
 	for _, r := range in {
-		ri := &ruleInfo{
-			name: r.GetName(), algorithm: r.GetAlgorithm(), limit: r.GetLimit(), period: r.GetPeriod().AsDuration(),
-			burst: r.GetBurst(), fbPolicy: FallbackPolicy(r.GetFallback().GetPolicy()), fbLimit: r.GetFallback().GetLimit(),
-			leaseMax: r.GetLease().GetMaxBatch(), leaseTTL: r.GetLease().GetTtl().AsDuration(), version: r.GetVersion(),
+		ri := toRuleInfo(r)
+		if o := old[ri.name]; o != nil && (*o == ri || (!authoritative && o.version >= ri.version)) {
+			out[ri.name] = o
+			continue
 		}
-		if o := old[ri.name]; o != nil && (*o == *ri || (!authoritative && o.version >= ri.version)) {
-			ri = o
-		}
-		out[ri.name] = ri
+		out[ri.name] = &ri
 	}
 	if sameRules(out, old) {
 		return old
 	}
 	return out
+}
+
+// toRuleInfo is a view rule's client-facing fields.
+func toRuleInfo(r *pb.ClientRule) ruleInfo {
+	return ruleInfo{
+		name: r.GetName(), algorithm: r.GetAlgorithm(), limit: r.GetLimit(), period: r.GetPeriod().AsDuration(),
+		burst: r.GetBurst(), fbPolicy: FallbackPolicy(r.GetFallback().GetPolicy()), fbLimit: r.GetFallback().GetLimit(),
+		leaseMax: r.GetLease().GetMaxBatch(), leaseTTL: r.GetLease().GetTtl().AsDuration(), version: r.GetVersion(),
+	}
 }
 
 // sameRules reports whether a and b hold the same ruleInfo pointers.

@@ -27,8 +27,10 @@ import (
 func TestRoutingAcrossThreeNodes(t *testing.T) {
 	tc := testcluster.New(t, 3)
 	ctx := context.Background()
+	// An hour's period: a bucket refilled back to full is evicted by the
+	// sweeper, and a 1000/s bucket was, before the count below (a flake).
 	_, err := tc.Leader().Admin().PutRule(ctx, &pb.PutRuleRequest{Rule: &pb.Rule{
-		Name: "r", Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: 1000, Period: durationpb.New(time.Second)}})
+		Name: "r", Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: 1000, Period: durationpb.New(time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,21 +198,30 @@ func TestLeasesEightClientsStayWithinTheRule(t *testing.T) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	slices.SortFunc(log, func(a, b admission) int { return int(a.returned - b.returned) })
-	const burst, rate = 100.0, 1000.0 // per second
+	// The stated bound (client/doc.go): burst + rate × (T + L), L the
+	// longest a lease lives (its TTL, 50ms). Under saturation leases are
+	// short and windows stay within burst + rate × T (the worst excess over
+	// that is logged); on a loaded machine a lease can outlive its batch's
+	// demand and that tighter form was exceeded by ~10 in a 17ms window
+	// (also before the SDK's failover work): the test checks the stated one.
+	const burst, rate, leaseLife = 100.0, 1000.0, 0.050 // per second; seconds
 	worst := -1e9
 	for i := range log {
 		earliest := log[i].called
 		for j := i; j < len(log); j++ {
 			earliest = min(earliest, log[j].called)
 			n := float64(j - i + 1)
-			bound := burst + rate*(log[j].returned-earliest).Seconds()
-			worst = max(worst, n-bound)
-			if n > bound {
-				t.Fatalf("%v admitted between %v and %v, the rule allows %.0f", n, earliest, log[j].returned, bound)
+			tight := burst + rate*(log[j].returned-earliest).Seconds()
+			worst = max(worst, n-tight)
+			if bound := tight + rate*leaseLife; n > bound {
+				t.Fatalf("%v admitted between %v and %v, the rule allows %.0f with leases living up to 50ms", n, earliest, log[j].returned, bound)
 			}
 		}
 	}
 	allowedByRule := burst + rate*elapsed.Seconds()
+	if float64(len(log)) > allowedByRule {
+		t.Fatalf("admitted %d in %v, the rule allows %.0f", len(log), elapsed, allowedByRule)
+	}
 	t.Logf("8 clients × %d workers, %v: admitted %d (lease %d, server %d) of %.0f the rule allows (%.1f%%); worst window excess over burst+rate×T: %.1f",
 		workers, elapsed.Round(time.Millisecond), len(log), lease.Load(), server.Load(), allowedByRule, 100*float64(len(log))/allowedByRule, worst)
 	if float64(len(log)) < 0.6*allowedByRule {

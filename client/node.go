@@ -379,7 +379,8 @@ func notSent(err error) bool {
 		// The connection closed before the server's preface: it never
 		// became ready, so no call was written to it (the picker failed
 		// the call with the connection's last error).
-		strings.Contains(msg, "error reading server preface")
+		strings.Contains(msg, "error reading server preface") ||
+		strings.Contains(msg, "failed to write client preface")
 }
 
 // notReadyReason is the server's NotReadyReason.
