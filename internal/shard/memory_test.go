@@ -25,7 +25,7 @@ func TestMemoryBudget(t *testing.T) {
 	}{
 		{"api", "k", entryFixed + 8 + 24},                        // "api\0k" is 5 bytes, rounded to 8; token bucket 24
 		{"api", strings.Repeat("x", 250), entryFixed + 256 + 24}, // long keys cost their bytes
-		{"sw", "k", entryFixed + 8 + 48 + 8*1000},                // 1000 sub-windows
+		{"sw", "k", entryFixed + 8 + 48 + 8192},                  // 1000 sub-windows: 8000 bytes in the 8 KiB size class
 	} {
 		m := New(Config{})
 		acquire(t, m, get(tc.rule), tc.key, 1, now)
@@ -34,7 +34,7 @@ func TestMemoryBudget(t *testing.T) {
 		}
 	}
 
-	per := entryFixed + 8 + 48 + 8*1000
+	per := entryFixed + 8 + 48 + 8192
 	m := New(Config{MaxBytes: 10 * per})
 	var admitted int
 	var err error

@@ -480,10 +480,10 @@ func (m *Map) errGrow(c *rule.Compiled) error {
 // entryFixed is what every bucket costs besides its key and algorithm
 // state: the entry and its share of the index's slots (8 bytes a slot,
 // kept between 3/8 and 3/4 full).
-const entryFixed = int64(unsafe.Sizeof(entry{})) + 16
+var entryFixed = bucket.AllocBytes(int64(unsafe.Sizeof(entry{}))) + 16
 
-// keyBytes is the heap size of a key of n bytes (rounded to 8).
-func keyBytes(n int) int64 { return int64(n+7) &^ 7 }
+// keyBytes is the heap size of a key of n bytes.
+func keyBytes(n int) int64 { return bucket.AllocBytes(int64(n)) }
 
 // bytes is the memory e holds; e.mu is held.
 func (e *entry) bytes() int64 {
@@ -494,7 +494,7 @@ func (l *refillLog) bytes() int64 {
 	if l == nil {
 		return 0
 	}
-	return int64(unsafe.Sizeof(*l)) + int64(cap(l.nonces))*8 + int64(cap(l.expires))*8
+	return bucket.AllocBytes(int64(unsafe.Sizeof(*l))) + bucket.AllocBytes(int64(cap(l.nonces))*8) + bucket.AllocBytes(int64(cap(l.expires))*8)
 }
 
 // incrementBelow adds one to n unless that would reach past limit.
