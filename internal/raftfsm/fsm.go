@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,8 @@ const (
 type putRuleEntry struct {
 	Rule     *rule.Rule `json:"rule"`
 	Expected *uint64    `json:"expected,omitempty"`
+	// MaxRules is the proposing leader's cap on rules (0: none).
+	MaxRules int `json:"max_rules,omitempty"`
 }
 
 // deleteRuleEntry deletes a rule.
@@ -110,18 +113,25 @@ func newState() *fsmState {
 	return &fsmState{Rules: map[string]*rule.Rule{}, Members: map[string]memberInfo{}}
 }
 
-// clone copies the state's maps (rules are immutable once stored).
+// clone copies the state for one entry to change, except the rule map:
+// only the FSM's goroutine (Apply, Restore, Snapshot) reads or writes it,
+// so it is changed in place and a rule write costs the same with 10 or
+// 10,000 rules; Snapshot copies it for Persist, which runs concurrently.
+// Rules themselves are immutable once stored.
 func (s *fsmState) clone() *fsmState {
-	c := &fsmState{Index: s.Index, Rules: make(map[string]*rule.Rule, len(s.Rules)), Members: make(map[string]memberInfo, len(s.Members)),
+	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
 		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch}
-	for k, v := range s.Rules {
-		c.Rules[k] = v
-	}
-	for k, v := range s.Members {
-		c.Members[k] = v
-	}
-	return c
 }
+
+// ruleChange is what an entry did to the rule table: nothing, one rule put
+// or deleted, or everything replaced (a restore).
+type ruleChange struct {
+	put     *rule.Rule
+	deleted string
+	all     bool
+}
+
+func (c ruleChange) any() bool { return c.put != nil || c.deleted != "" || c.all }
 
 // view builds the routing view: live members with their addresses.
 func (s *fsmState) view() *cluster.View {
@@ -152,7 +162,7 @@ func NewFSM() *FSM {
 	f.table.Store(rule.NewTable(0, nil, nil))
 	ch := make(chan struct{})
 	f.viewSig.Store(&ch)
-	f.publish(newState(), true)
+	f.publish(newState(), ruleChange{all: true})
 	return f
 }
 
@@ -174,17 +184,23 @@ func (f *FSM) members() map[string]memberInfo { return f.state.Load().Members }
 // live returns the ids in the view.
 func (f *FSM) live() []string { return f.state.Load().Live }
 
-// publish swaps in s; rulesChanged rebuilds the rule table.
-func (f *FSM) publish(s *fsmState, rulesChanged bool) {
+// publish swaps in s and updates the rule table by ch: one rule put or
+// deleted updates the table (the cost of a write does not grow with the
+// number of rules); a restore or a first publish rebuilds it.
+func (f *FSM) publish(s *fsmState, ch ruleChange) {
 	old := f.state.Load()
 	f.state.Store(s)
-	if rulesChanged || old == nil {
+	if ch.all || old == nil {
 		rules := make([]*rule.Rule, 0, len(s.Rules))
 		for _, r := range s.Rules {
 			rules = append(rules, r)
 		}
 		prev := f.table.Load()
 		f.table.Store(rule.NewTable(s.Index, rules, prev))
+		prev.Supersede()
+	} else if ch.any() {
+		prev := f.table.Load()
+		f.table.Store(prev.With(s.Index, ch.put, ch.deleted))
 		prev.Supersede()
 	}
 	v := s.view()
@@ -280,62 +296,65 @@ func (f *FSM) Apply(l *raft.Log) any {
 	s := cur.clone()
 	s.Index = l.Index
 	if e == nil { // an ignorable entry of a newer version
-		f.publish(s, false)
+		f.publish(s, ruleChange{})
 		return nil
 	}
-	res, rulesChanged := s.apply(l.Index, e)
-	f.publish(s, rulesChanged)
+	res, ch := s.apply(l.Index, e)
+	f.publish(s, ch)
 	return res
 }
 
 // apply applies a decoded entry to s (a private copy).
-func (s *fsmState) apply(index uint64, entry any) (applyResult, bool) {
+func (s *fsmState) apply(index uint64, entry any) (applyResult, ruleChange) {
 	switch e := entry.(type) {
 	case putRuleEntry:
 		r := e.Rule.Clone()
 		r.Normalize()
 		if err := r.Validate(); err != nil {
-			return applyResult{err: err}, false
+			return applyResult{err: err}, ruleChange{}
 		}
 		old := s.Rules[r.Name]
 		if err := rule.CheckExpected(r.Name, old, e.Expected); err != nil {
-			return applyResult{err: err}, false
+			return applyResult{err: err}, ruleChange{}
 		}
-		if err := rule.CheckRuleCount(r.Name, old != nil, len(s.Rules)); err != nil {
-			return applyResult{err: err}, false
+		// The cap travels in the entry (the proposing leader's
+		// --max-rules), so every replica decides alike whatever its flags.
+		if old == nil && e.MaxRules > 0 && len(s.Rules) >= e.MaxRules {
+			return applyResult{err: fmt.Errorf("rule %q would be rule %d, above the cluster's limit of %d rules (--max-rules): %w",
+				r.Name, len(s.Rules)+1, e.MaxRules, rule.ErrTooManyRules)}, ruleChange{}
 		}
 		r.Version, r.Generation = index, index
 		if old != nil && old.Algorithm == r.Algorithm {
 			r.Generation = old.Generation
 		}
 		s.Rules[r.Name] = r
-		return applyResult{rule: r.Clone()}, true
+		return applyResult{rule: r.Clone()}, ruleChange{put: r}
 	case deleteRuleEntry:
 		old := s.Rules[e.Name]
 		if old == nil {
-			return applyResult{err: fmt.Errorf("delete %q: %w", e.Name, rule.ErrNotFound)}, false
+			return applyResult{err: fmt.Errorf("delete %q: %w", e.Name, rule.ErrNotFound)}, ruleChange{}
 		}
 		if err := rule.CheckExpected(e.Name, old, e.Expected); err != nil {
-			return applyResult{err: err}, false
+			return applyResult{err: err}, ruleChange{}
 		}
 		delete(s.Rules, e.Name)
-		return applyResult{}, true
+		return applyResult{}, ruleChange{deleted: e.Name}
 	case restoreEntry:
 		rules := make(map[string]*rule.Rule, len(e.Rules))
 		for _, r := range e.Rules {
 			if r == nil {
-				return applyResult{err: rule.Invalid("restore entry at %d holds an empty rule", index)}, false
+				return applyResult{err: rule.Invalid("restore entry at %d holds an empty rule", index)}, ruleChange{}
 			}
 			r = r.Clone()
 			r.Normalize()
 			if err := r.Validate(); err != nil {
-				return applyResult{err: err}, false
+				return applyResult{err: err}, ruleChange{}
 			}
 			r.Version, r.Generation = index, index
 			rules[r.Name] = r
 		}
 		s.Rules = rules
-		return applyResult{}, true
+		return applyResult{}, ruleChange{all: true}
 	case setMemberEntry:
 		m := e.Member
 		if old, ok := s.Members[m.ID]; ok {
@@ -343,22 +362,22 @@ func (s *fsmState) apply(index uint64, entry any) (applyResult, bool) {
 		}
 		m.Draining = false // a member registers on start: it may enter the view again
 		s.Members[m.ID] = m
-		return applyResult{}, false
+		return applyResult{}, ruleChange{}
 	case removeMemberEntry:
 		delete(s.Members, e.Member.ID)
 		s.dropLive(index, e.Member.ID)
-		return applyResult{}, false
+		return applyResult{}, ruleChange{}
 	case drainMemberEntry:
 		m, ok := s.Members[e.Member.ID]
 		if !ok {
-			return applyResult{err: fmt.Errorf("drain member %q: %w", e.Member.ID, rule.ErrNotFound)}, false
+			return applyResult{err: fmt.Errorf("drain member %q: %w", e.Member.ID, rule.ErrNotFound)}, ruleChange{}
 		}
 		// A member that left cleanly comes back as soon as it is ready,
 		// without the hysteresis meant for flapping members.
 		m.Draining, m.WasLive = true, false
 		s.Members[m.ID] = m
 		s.dropLive(index, m.ID)
-		return applyResult{}, false
+		return applyResult{}, ruleChange{}
 	case viewEntry:
 		live := append([]string(nil), e.Live...)
 		sort.Strings(live)
@@ -370,9 +389,9 @@ func (s *fsmState) apply(index uint64, entry any) (applyResult, bool) {
 				s.Members[id] = m
 			}
 		}
-		return applyResult{}, false
+		return applyResult{}, ruleChange{}
 	}
-	return applyResult{}, false
+	return applyResult{}, ruleChange{}
 }
 
 // dropLive takes id out of the view, a new epoch at index.
@@ -393,10 +412,12 @@ func indexOf(s []string, v string) int {
 }
 
 // Snapshot returns the current state to persist. raft calls Persist on
-// another goroutine while Apply goes on; the state is immutable, so no copy
-// is needed.
+// another goroutine while Apply goes on: the rule map, which Apply changes
+// in place, is copied here.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
-	return &snapshot{s: f.state.Load()}, nil
+	s := *f.state.Load()
+	s.Rules = maps.Clone(s.Rules)
+	return &snapshot{s: &s}, nil
 }
 
 // Restore replaces the state with a snapshot's.
@@ -419,7 +440,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.publish(s, true)
+	f.publish(s, ruleChange{all: true})
 	return nil
 }
 

@@ -83,14 +83,15 @@ func FuzzRestore(f *testing.F) {
 	})
 }
 
-// TestApplyMaxRules: the put-rule entry is refused past the rule cap, for
-// new rules only, deterministically on every replica.
+// TestApplyMaxRules: the put-rule entry is refused past the rule cap it
+// carries (the proposing leader's), for new rules only, whatever this
+// replica's own --max-rules: every replica decides alike.
 func TestApplyMaxRules(t *testing.T) {
 	defer rule.SetMaxRules(0)
-	rule.SetMaxRules(2)
+	rule.SetMaxRules(1000) // this replica's flag does not matter
 	fsm := NewFSM()
 	put := func(i uint64, name string) error {
-		b, err := encode(entryPutRule, putRuleEntry{Rule: &rule.Rule{Name: name, Algorithm: bucket.TokenBucket, Limit: 1, Period: time.Second}})
+		b, err := encode(entryPutRule, putRuleEntry{Rule: &rule.Rule{Name: name, Algorithm: bucket.TokenBucket, Limit: 1, Period: time.Second}, MaxRules: 2})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -415,7 +415,7 @@ func (n *Node) Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.R
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	entry, err := encode(entryPutRule, putRuleEntry{Rule: r, Expected: expected})
+	entry, err := encode(entryPutRule, putRuleEntry{Rule: r, Expected: expected, MaxRules: rule.MaxRules()})
 	if err != nil {
 		return nil, err
 	}

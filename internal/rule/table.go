@@ -2,6 +2,7 @@ package rule
 
 import (
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"sort"
 	"sync"
@@ -130,16 +131,73 @@ func (c *Compiled) Allowed(key string) bool {
 	return ok
 }
 
+// tableShards is the number of maps a Table spreads its rules over: a
+// write copies one of them (about n/64 entries) instead of the whole table,
+// so a rule write costs about the same with 10 or 10,000 rules.
+const tableShards = 64
+
+// shardSeed hashes rule names to table shards (within this process only).
+var shardSeed = maphash.MakeSeed()
+
+func shardOf(name string) int { return int(maphash.String(shardSeed, name) % tableShards) }
+
 // Table is an immutable set of compiled rules, swapped whole on every change
 // so that the data plane reads it without a lock.
 type Table struct {
 	// Version is the version of the latest change the table includes.
 	Version uint64
-	rules   map[string]*Compiled
+	// shards hold the rules by shardOf(name); each map is immutable once
+	// the table is published, and tables share the maps a write did not
+	// touch.
+	shards  [tableShards]map[string]*Compiled
+	n       int
 	changed chan struct{}
 
 	sortOnce sync.Once
 	sorted   []*Rule // by name, built on first use
+}
+
+// put sets c under its name in t, copying its shard first unless owned
+// says t has its own copy already.
+func (t *Table) put(c *Compiled, owned *[tableShards]bool) {
+	i := shardOf(c.Rule.Name)
+	t.own(i, owned)
+	if _, ok := t.shards[i][c.Rule.Name]; !ok {
+		t.n++
+	}
+	t.shards[i][c.Rule.Name] = c
+}
+
+// own gives t a copy of shard i it may change.
+func (t *Table) own(i int, owned *[tableShards]bool) {
+	if owned[i] {
+		return
+	}
+	t.shards[i] = maps.Clone(t.shards[i])
+	if t.shards[i] == nil {
+		t.shards[i] = map[string]*Compiled{}
+	}
+	owned[i] = true
+}
+
+// del removes the rule named name from t.
+func (t *Table) del(name string, owned *[tableShards]bool) {
+	i := shardOf(name)
+	if _, ok := t.shards[i][name]; !ok {
+		return
+	}
+	t.own(i, owned)
+	delete(t.shards[i], name)
+	t.n--
+}
+
+// each calls f for every compiled rule.
+func (t *Table) each(f func(*Compiled)) {
+	for _, m := range t.shards {
+		for _, c := range m {
+			f(c)
+		}
+	}
 }
 
 // NewTable makes the table of rules at version v. A rule of prev at the same
@@ -148,38 +206,42 @@ type Table struct {
 // rules of the same generation. prev's versions that are replaced or gone
 // learn their successor (see Compiled.Latest). prev may be nil.
 func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
+	t := &Table{Version: v, changed: make(chan struct{})}
+	var owned [tableShards]bool
 	if prev == nil {
-		t := &Table{Version: v, rules: make(map[string]*Compiled, len(rules)), changed: make(chan struct{})}
 		for _, r := range rules {
-			t.rules[r.Name] = Compile(r, nil)
+			t.put(Compile(r, nil), &owned)
 		}
 		return t
 	}
-	// Start from prev's map (a clone copies its groups, without rehashing)
-	// and touch only what changed: usually one rule of thousands.
-	t := &Table{Version: v, rules: maps.Clone(prev.rules), changed: make(chan struct{})}
+	// Start from prev's maps and touch only what changed.
+	t.shards, t.n = prev.shards, prev.n
 	for _, r := range rules {
-		p := t.rules[r.Name]
+		p := t.Get(r.Name)
 		if p != nil && (p.Rule == r || p.Rule.Version == r.Version && p.Rule.Generation == r.Generation && r.Version != 0) {
 			continue
 		}
 		c := Compile(r, p)
-		t.rules[r.Name] = c
+		t.put(c, &owned)
 		if p != nil {
 			p.next.Store(c)
 		}
 	}
-	if len(t.rules) != len(rules) {
+	if t.n != len(rules) {
 		// Some of prev's rules are gone: find them (deletes are rare).
 		in := make(map[string]struct{}, len(rules))
 		for _, r := range rules {
 			in[r.Name] = struct{}{}
 		}
-		for name, p := range t.rules {
-			if _, ok := in[name]; !ok {
-				p.next.Store(deleted)
-				delete(t.rules, name)
+		var gone []*Compiled
+		t.each(func(p *Compiled) {
+			if _, ok := in[p.Rule.Name]; !ok {
+				gone = append(gone, p)
 			}
+		})
+		for _, p := range gone {
+			p.next.Store(deleted)
+			t.del(p.Rule.Name, &owned)
 		}
 	}
 	return t
@@ -187,25 +249,24 @@ func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 
 // With returns a table at version v that is t with r put (compiled, its
 // predecessor linked to it) and the rule named del deleted (when not
-// empty): the update of one write, without looking at the other rules.
+// empty): the update of one write, which copies one shard of the table.
 func (t *Table) With(v uint64, r *Rule, del string) *Table {
 	n := &Table{Version: v, changed: make(chan struct{})}
 	if t != nil {
-		n.rules = maps.Clone(t.rules)
-	} else {
-		n.rules = map[string]*Compiled{}
+		n.shards, n.n = t.shards, t.n
 	}
+	var owned [tableShards]bool
 	if r != nil {
-		p := n.rules[r.Name]
+		p := n.Get(r.Name)
 		c := Compile(r, p)
-		n.rules[r.Name] = c
+		n.put(c, &owned)
 		if p != nil {
 			p.next.Store(c)
 		}
 	}
-	if p := n.rules[del]; del != "" && p != nil {
+	if p := n.Get(del); del != "" && p != nil {
 		p.next.Store(deleted)
-		delete(n.rules, del)
+		n.del(del, &owned)
 	}
 	return n
 }
@@ -215,7 +276,7 @@ func (t *Table) Get(name string) *Compiled {
 	if t == nil {
 		return nil
 	}
-	return t.rules[name]
+	return t.shards[shardOf(name)][name]
 }
 
 // Len is the number of rules.
@@ -223,7 +284,7 @@ func (t *Table) Len() int {
 	if t == nil {
 		return 0
 	}
-	return len(t.rules)
+	return t.n
 }
 
 // Rules returns the rules sorted by name, in a new slice (the sort is done
@@ -237,10 +298,8 @@ func (t *Table) Rules() []*Rule {
 
 func (t *Table) sortedRules() []*Rule {
 	t.sortOnce.Do(func() {
-		out := make([]*Rule, 0, len(t.rules))
-		for _, c := range t.rules {
-			out = append(out, c.Rule)
-		}
+		out := make([]*Rule, 0, t.n)
+		t.each(func(c *Compiled) { out = append(out, c.Rule) })
 		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 		t.sorted = out
 	})
