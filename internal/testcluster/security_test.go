@@ -275,7 +275,22 @@ func TestRogueRaftPeer(t *testing.T) {
 	c := NewSecure(t, 3, func(o *server.Options) {
 		o.Raft.HeartbeatTimeout, o.Raft.ElectionTimeout, o.Raft.LeaderLeaseTimeout = 2*time.Second, 2*time.Second, time.Second
 	})
+	// The cluster commits entries of its own for a while after it forms
+	// (autopilot promotions, view changes): wait until its applied index
+	// has stood still for a second, so that a change below is the rogue's.
 	leader := c.Leader()
+	var last uint64
+	steady := time.Now()
+	c.WaitFor("a quiet log", func() bool {
+		st, err := leader.Cluster().Status()
+		if err != nil {
+			return false
+		}
+		if st.AppliedIndex != last {
+			last, steady = st.AppliedIndex, time.Now()
+		}
+		return time.Since(steady) > time.Second
+	})
 	before, err := leader.Cluster().Status()
 	if err != nil {
 		t.Fatal(err)
