@@ -118,6 +118,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cfg.DefaultDeadline, "default-deadline", o.cfg.DefaultDeadline, "deadline given to calls that carry none")
 	fs.DurationVar(&o.cfg.SweepInterval, "sweep-interval", o.cfg.SweepInterval, "how often idle buckets are evicted")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", o.cfg.ShutdownGrace, "on SIGTERM, the most time to leave the routing view, linger and let calls in flight finish")
+	fs.IntVar(&o.cfg.MaxViewStreams, "max-view-streams", server.DefaultMaxViewStreams, "most WatchClusterView streams served at once; past it a new stream gets RESOURCE_EXHAUSTED (SDK clients watch another member)")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
 	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --pprof-addr")

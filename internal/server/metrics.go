@@ -23,6 +23,7 @@ type metrics struct {
 	batch     prometheus.Histogram
 	errors    *prometheus.CounterVec
 	forwarded *prometheus.CounterVec
+	failovers prometheus.Counter
 	apply     prometheus.Histogram
 	panics    prometheus.Counter
 	// methods are the latency observers of the TokenService methods.
@@ -54,6 +55,10 @@ func newMetrics(n *Node) *metrics {
 			Name: "tokenserver_forwarded_requests_total",
 			Help: "Data-plane calls forwarded to the key's owner, by owner node id.",
 		}, []string{"peer"}),
+		failovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenserver_owner_failovers_total",
+			Help: "Data-plane calls sent to a key's next owner (or decided here) because its owner could not be reached.",
+		}),
 		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tokenserver_raft_apply_duration_seconds",
 			Help:    "Time to commit and apply a Raft entry proposed by this node (rule writes, membership).",
@@ -72,7 +77,7 @@ func newMetrics(n *Node) *metrics {
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
-	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.apply, m.panics,
+	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
 		&nodeCollector{n: n},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -60,6 +60,9 @@ type Config struct {
 	// ShutdownGrace bounds a graceful stop: leaving the view, the linger
 	// and the calls in flight.
 	ShutdownGrace time.Duration
+	// MaxViewStreams caps the WatchClusterView streams the node serves at
+	// once (0: DefaultMaxViewStreams).
+	MaxViewStreams int
 	// DrainLinger is how long a stopping node keeps answering after it
 	// left the routing view, while clients hear of the new view.
 	DrainLinger time.Duration
@@ -117,6 +120,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sweep interval must be > 0, got %v", c.SweepInterval)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("shutdown grace must be >= 0, got %v", c.ShutdownGrace)
+	case c.MaxViewStreams < 0:
+		return fmt.Errorf("max view streams must be >= 0, got %d", c.MaxViewStreams)
 	case c.DrainLinger < 0:
 		return fmt.Errorf("drain linger must be >= 0, got %v", c.DrainLinger)
 	}

@@ -215,6 +215,9 @@ func (n *Node) nextOwner(ctx context.Context, v *cluster.View, key, owner string
 	avoid := n.avoided(ctx, v)
 	self := n.cluster.ID()
 	next, ok = v.OwnerExcept(cluster.KeyHash(key), func(id string) bool { return id != self && (id == owner || avoid[id]) })
+	if ok {
+		n.metrics.failovers.Inc()
+	}
 	return next, ok && next.ID == self, ok
 }
 
@@ -573,8 +576,14 @@ func (s *tokenService) WatchClusterView(_ *pb.GetClusterViewRequest, stream grpc
 	}
 }
 
-// maxViewStreams is the node's cap on WatchClusterView streams.
-func (s *tokenService) maxViewStreams() int { return maxViewStreams }
+// maxViewStreams is the node's cap on WatchClusterView streams: its
+// Config.MaxViewStreams, else maxViewStreams.
+func (s *tokenService) maxViewStreams() int {
+	if m := s.n.cfg.MaxViewStreams; m > 0 {
+		return m
+	}
+	return maxViewStreams
+}
 
 // maxViewStreams is DefaultMaxViewStreams; tests lower it.
 var maxViewStreams = DefaultMaxViewStreams
