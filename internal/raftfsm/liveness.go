@@ -121,13 +121,30 @@ func (n *Node) liveness() {
 		servers := cf.Configuration().Servers
 		members, live := n.fsm.members(), n.fsm.live()
 		now := time.Now()
-		var want []string
-		var ap []apMember
-		for _, s := range servers {
+		// Check every member at once: one after another, a frozen member's
+		// timeout delayed the checks (and the view) of all the others.
+		healthy := make([]bool, len(servers))
+		var wg sync.WaitGroup
+		for i, s := range servers {
 			id := string(s.ID)
 			m, known := members[id]
+			if !known || m.Draining {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				healthy[i] = n.checkHealth(id, m.GRPCAddr, slices.Contains(live, id), now)
+			}()
+		}
+		wg.Wait()
+		var want []string
+		var ap []apMember
+		for i, s := range servers {
+			id := string(s.ID)
+			m := members[id]
 			inView := slices.Contains(live, id)
-			ok := known && !m.Draining && n.checkHealth(id, m.GRPCAddr, inView, now)
+			ok := healthy[i]
 			h := n.health.set(id, ok, now)
 			switch {
 			case inView && (ok || now.Sub(h.Since) < n.cfg.DownAfter):

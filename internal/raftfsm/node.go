@@ -531,6 +531,7 @@ func (n *Node) observe() {
 					n.log.Info("leader changed", "leader", string(d.LeaderID))
 					next := make(chan struct{})
 					close(*n.leaderSig.Swap(&next))
+					n.kickLiveness() // a new leader commits its first view at once
 				case raft.FailedHeartbeatObservation:
 					n.hbMu.Lock()
 					if _, ok := n.hbFailing[string(d.PeerID)]; !ok {

@@ -39,6 +39,7 @@ func (n *Node) readiness() {
 				n.cfg.OnCaughtUp()
 			}
 			close(n.caughtUpCh)
+			n.kickLiveness() // leading, it can commit its view now
 			n.log.Info("caught up with the raft log", "index", target, "since_start", time.Since(n.started).Round(time.Millisecond).String())
 			return
 		}
