@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
+	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -444,7 +446,9 @@ func (n *Node) Stop() {
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
 		if err := n.cluster.Drain(ctx); err != nil {
 			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
-		} else if n.cfg.DrainLinger > 0 {
+		} else if n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.cluster.View().Members(), func(m cluster.Member) bool { return m.ID == n.cluster.ID() }) {
+			// Keys moved: keep answering while clients hear of it. (The
+			// only owner keeps its keys: there is nothing to wait for.)
 			select {
 			case <-ctx.Done():
 			case <-time.After(n.cfg.DrainLinger):
