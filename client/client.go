@@ -199,6 +199,13 @@ func (c *Client) dialOptions() []grpc.DialOption {
 		// node). Servers accept a ping every 10 s; the watch stream's 1 s
 		// heartbeat finds a frozen node sooner.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 3 * time.Second, PermitWithoutStream: true}),
+		// Fixed flow-control windows turn off gRPC's bandwidth-delay
+		// estimation, which answers every received message with a PING
+		// the server must acknowledge: for the watch stream's heartbeat
+		// that doubled the server's writes (1,000 idle streams on 1,000
+		// connections: 6.9% of a core with it, 4.1% without). Our
+		// messages are small; 1 MiB is far above what one carries.
+		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20),
 	}
 	return append(opts, c.o.dial...)
 }

@@ -81,7 +81,9 @@ func TestFiguresViewStreamsCPU(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		var cs []*grpc.ClientConn
 		for i := 0; i < conns; i++ {
-			conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			// The SDK's window options (no BDP pings per message).
+			conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
 			if err != nil {
 				t.Fatal(err)
 			}
