@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
@@ -562,7 +563,7 @@ func (s *tokenService) WatchClusterView(_ *pb.GetClusterViewRequest, stream grpc
 	})
 	p := vc.cur.Load()
 	for {
-		if err := stream.Send(p.view); err != nil {
+		if err := stream.SendMsg(p.enc); err != nil {
 			return err
 		}
 		select {
@@ -602,6 +603,7 @@ type viewCaster struct {
 // next publication replaces it.
 type viewPub struct {
 	view        *pb.ClusterView
+	enc         *encodedView // view, encoded once for every stream
 	table       *rule.Table
 	viewChanged <-chan struct{}
 	next        chan struct{}
@@ -610,7 +612,27 @@ type viewPub struct {
 // publication builds a publication of the current view.
 func (n *Node) publication() *viewPub {
 	t, vch := n.cluster.Table(), n.cluster.ViewChanged() // before the state they signal changes of
-	return &viewPub{view: n.clusterView(), table: t, viewChanged: vch, next: make(chan struct{})}
+	v := n.clusterView()
+	return &viewPub{view: v, enc: encodeView(v), table: t, viewChanged: vch, next: make(chan struct{})}
+}
+
+// encodedView is a view message with its wire encoding, made once per
+// publication: the node's codec (utf8Codec) sends the bytes as they are on
+// every stream instead of marshaling the view once per stream; any other
+// codec marshals the embedded view (it is a proto.Message through it).
+type encodedView struct {
+	*pb.ClusterView
+	wire []byte
+}
+
+// encodeView encodes v once (nil wire if it cannot: the codec then
+// marshals the view itself).
+func encodeView(v *pb.ClusterView) *encodedView {
+	b, err := proto.Marshal(v)
+	if err != nil {
+		b = nil
+	}
+	return &encodedView{ClusterView: v, wire: b}
 }
 
 // cast runs the viewCaster until the node stops.
@@ -633,7 +655,7 @@ func (s *tokenService) cast() {
 		case <-n.done:
 			return
 		}
-		next := &viewPub{view: p.view, table: p.table, viewChanged: p.viewChanged, next: make(chan struct{})}
+		next := &viewPub{view: p.view, enc: p.enc, table: p.table, viewChanged: p.viewChanged, next: make(chan struct{})}
 		if rebuild {
 			next = n.publication()
 			tick.Reset(ViewHeartbeat)

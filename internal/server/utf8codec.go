@@ -34,6 +34,15 @@ var (
 	pendingBadUTF8 atomic.Int64
 )
 
+// Marshal sends a view encoded once per publication as it is (see
+// encodedView); anything else goes to the proto codec.
+func (c utf8Codec) Marshal(v any) (mem.BufferSlice, error) {
+	if e, ok := v.(*encodedView); ok && e.wire != nil {
+		return mem.BufferSlice{mem.SliceBuffer(e.wire)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}
+
 // Unmarshal implements encoding.CodecV2.
 func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
