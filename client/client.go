@@ -205,7 +205,7 @@ func (c *Client) dialOptions() []grpc.DialOption {
 		// that doubled the server's writes (1,000 idle streams on 1,000
 		// connections: 6.9% of a core with it, 4.1% without). Our
 		// messages are small; 1 MiB is far above what one carries.
-		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20),
+		grpc.WithInitialWindowSize(1 << 20), grpc.WithInitialConnWindowSize(1 << 20),
 	}
 	return append(opts, c.o.dial...)
 }
