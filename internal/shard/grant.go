@@ -147,6 +147,25 @@ func (k *grantKeys) tagOf(bk []byte, gen uint64, g *Grant) uint64 {
 	return siphash(k.tag[0], k.tag[1], b)
 }
 
+// sipRound is one SipRound (small enough for the compiler to inline).
+func sipRound(v0, v1, v2, v3 uint64) (uint64, uint64, uint64, uint64) {
+	v0 += v1
+	v1 = bits.RotateLeft64(v1, 13)
+	v1 ^= v0
+	v0 = bits.RotateLeft64(v0, 32)
+	v2 += v3
+	v3 = bits.RotateLeft64(v3, 16)
+	v3 ^= v2
+	v0 += v3
+	v3 = bits.RotateLeft64(v3, 21)
+	v3 ^= v0
+	v2 += v1
+	v1 = bits.RotateLeft64(v1, 17)
+	v1 ^= v2
+	v2 = bits.RotateLeft64(v2, 32)
+	return v0, v1, v2, v3
+}
+
 // siphash is SipHash-2-4 (Aumasson and Bernstein) of p under the key
 // (k0, k1), as in the reference implementation.
 func siphash(k0, k1 uint64, p []byte) uint64 {
@@ -159,20 +178,7 @@ func siphash(k0, k1 uint64, p []byte) uint64 {
 		m := binary.LittleEndian.Uint64(p)
 		v3 ^= m
 		for range 2 {
-			v0 += v1
-			v1 = bits.RotateLeft64(v1, 13)
-			v1 ^= v0
-			v0 = bits.RotateLeft64(v0, 32)
-			v2 += v3
-			v3 = bits.RotateLeft64(v3, 16)
-			v3 ^= v2
-			v0 += v3
-			v3 = bits.RotateLeft64(v3, 21)
-			v3 ^= v0
-			v2 += v1
-			v1 = bits.RotateLeft64(v1, 17)
-			v1 ^= v2
-			v2 = bits.RotateLeft64(v2, 32)
+			v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 		}
 		v0 ^= m
 		p = p[8:]
@@ -183,38 +189,12 @@ func siphash(k0, k1 uint64, p []byte) uint64 {
 	m := binary.LittleEndian.Uint64(last[:])
 	v3 ^= m
 	for range 2 {
-		v0 += v1
-		v1 = bits.RotateLeft64(v1, 13)
-		v1 ^= v0
-		v0 = bits.RotateLeft64(v0, 32)
-		v2 += v3
-		v3 = bits.RotateLeft64(v3, 16)
-		v3 ^= v2
-		v0 += v3
-		v3 = bits.RotateLeft64(v3, 21)
-		v3 ^= v0
-		v2 += v1
-		v1 = bits.RotateLeft64(v1, 17)
-		v1 ^= v2
-		v2 = bits.RotateLeft64(v2, 32)
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 	}
 	v0 ^= m
 	v2 ^= 0xff
 	for range 4 {
-		v0 += v1
-		v1 = bits.RotateLeft64(v1, 13)
-		v1 ^= v0
-		v0 = bits.RotateLeft64(v0, 32)
-		v2 += v3
-		v3 = bits.RotateLeft64(v3, 16)
-		v3 ^= v2
-		v0 += v3
-		v3 = bits.RotateLeft64(v3, 21)
-		v3 ^= v0
-		v2 += v1
-		v1 = bits.RotateLeft64(v1, 17)
-		v1 ^= v2
-		v2 = bits.RotateLeft64(v2, 32)
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
 	}
 	return v0 ^ v1 ^ v2 ^ v3
 }
