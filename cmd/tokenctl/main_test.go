@@ -580,3 +580,25 @@ func TestBenchBare(t *testing.T) {
 		t.Errorf("bare bench = %+v", got)
 	}
 }
+
+// TestNodeStatus: `node status` answers from the node alone, in both
+// formats, every JSON field present.
+func TestNodeStatus(t *testing.T) {
+	addr := startServer(t)
+	out := ok(t, addr, "node", "status")
+	for _, want := range []string{"id:", "node-1", "ready:", "true", "insecure:", "version:"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("node status lacks %q:\n%s", want, out)
+		}
+	}
+	var v map[string]any
+	decode(t, ok(t, addr, "node", "status", "-o", "json"), &v)
+	for _, k := range []string{"id", "role", "term", "commit_index", "applied_index", "last_index", "leader", "epoch", "ready", "draining", "insecure", "rules", "rules_digest", "version"} {
+		if _, ok := v[k]; !ok {
+			t.Errorf("node status -o json lacks %q: %v", k, v)
+		}
+	}
+	if v["id"] != "node-1" || v["ready"] != true {
+		t.Errorf("node status -o json: %v", v)
+	}
+}

@@ -143,6 +143,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 		newBenchServerCmd(a),
 		newCertsCmd(a),
 		newTokenCmd(a),
+		newNodeCmd(a),
 		newVersionCmd(a),
 	)
 	return root
