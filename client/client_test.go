@@ -34,14 +34,7 @@ func TestRoutingAcrossThreeNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc.WaitFor("the rule on every node", func() bool {
-		for _, n := range tc.Nodes {
-			if n.Cluster().Table().Get("r") == nil {
-				return false
-			}
-		}
-		return true
-	})
+	tc.WaitForRule("r")
 	var mu sync.Mutex
 	sentTo := map[string][]string{} // key → addresses
 	rec := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

@@ -186,14 +186,7 @@ func TestOpenBreakerSendsKeysToTheNextOwner(t *testing.T) {
 		Fallback: &pb.Fallback{Policy: pb.FallbackPolicy_DENY}}}); err != nil {
 		t.Fatal(err)
 	}
-	tc.WaitFor("the rule on every node", func() bool {
-		for _, n := range tc.Nodes {
-			if n.Cluster().Table().Get("nx") == nil {
-				return false
-			}
-		}
-		return true
-	})
+	tc.WaitForRule("nx")
 	var mu sync.Mutex
 	sentTo := map[string]int{} // address → acquires
 	rec := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -273,14 +266,7 @@ func TestStoppedOwnerKeysServedByServers(t *testing.T) {
 		Fallback: &pb.Fallback{Policy: pb.FallbackPolicy_DENY}}}); err != nil {
 		t.Fatal(err)
 	}
-	tc.WaitFor("the rule on every node", func() bool {
-		for _, n := range tc.Nodes {
-			if n.Cluster().Table().Get("ko") == nil {
-				return false
-			}
-		}
-		return true
-	})
+	tc.WaitForRule("ko")
 	var victim int
 	for i, n := range tc.Nodes {
 		if n != tc.Leader() {

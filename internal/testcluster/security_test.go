@@ -157,9 +157,7 @@ func TestRoles(t *testing.T) {
 	if err != nil || r.GetUpdatedBy() != "token:editor-user" {
 		t.Fatalf("the leader records the real author of a forwarded write: updated_by %q, %v", r.GetUpdatedBy(), err)
 	}
-	for _, n := range c.Nodes {
-		c.WaitFor(n.ID+" has the rule", func() bool { return n.Cluster().Table().Get("r") != nil })
-	}
+	c.WaitForRule("r")
 	if resp, err := pb.NewTokenServiceClient(client).AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "r", Key: "k"}); err != nil || !resp.GetAllowed() {
 		t.Fatalf("client token: AcquireToken: %v %v", resp, err)
 	}
@@ -369,8 +367,8 @@ func TestClientForwardedHeaderIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	var clients []pb.TokenServiceClient
+	c.WaitForRule("hourly")
 	for _, n := range c.Nodes {
-		c.WaitFor(n.ID+" has the rule", func() bool { return n.Cluster().Table().Get("hourly") != nil })
 		clients = append(clients, pb.NewTokenServiceClient(dialWith(t, n.GRPCAddr, c.PKI.DialOptions("client")...)))
 	}
 	allowed := 0

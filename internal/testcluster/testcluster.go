@@ -102,6 +102,20 @@ func newCluster(c *Cluster, n int) *Cluster {
 	return c
 }
 
+// WaitForRule waits until every running node has the rule named name in
+// its local table.
+func (c *Cluster) WaitForRule(name string) {
+	c.t.Helper()
+	c.WaitFor("rule "+name+" on every node", func() bool {
+		for _, n := range c.Nodes {
+			if n.Running() && n.Cluster().Table().Get(name) == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // Voters counts the voters in the leader's configuration (0 without a
 // leader).
 func (c *Cluster) Voters() int {
