@@ -190,3 +190,14 @@ func FuzzParseDomain(f *testing.F) {
 		back.Resolve(d.Name(), desc("a", "b", "c", "d"))
 	})
 }
+
+func TestExampleConfigParses(t *testing.T) {
+	b, err := os.ReadFile("../../examples/envoy/ratelimit-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustParse(t, string(b))
+	if l := c.Resolve("edge", desc("tenant", "t1")); l == nil || l.Burst != 300 || l.BucketConfig().Validate() != nil {
+		t.Fatalf("tenant: %+v", l)
+	}
+}
