@@ -197,7 +197,11 @@ func TestExampleConfigParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := mustParse(t, string(b))
-	if l := c.Resolve("edge", desc("tenant", "t1")); l == nil || l.Burst != 300 || l.BucketConfig().Validate() != nil {
+	l := c.Resolve("edge", desc("tenant", "t1"))
+	if l == nil || l.Burst != 300 {
 		t.Fatalf("tenant: %+v", l)
+	}
+	if bc := l.BucketConfig(); bc.Validate() != nil {
+		t.Fatalf("tenant bucket: %v", bc.Validate())
 	}
 }
