@@ -376,9 +376,19 @@ func TestToStatusMapsEveryError(t *testing.T) {
 		{rule.ErrNoLeader, codes.Unavailable},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{errors.New("boom"), codes.Internal},
+		{failf(ErrBadRequest, "grant_id is empty"), codes.InvalidArgument},
+		{failf(ErrNotReady, "no view"), codes.Unavailable},
+		{failf(ErrUnavailable, "stopping"), codes.Unavailable},
+		{failf(ErrStreamCap, "cap"), codes.ResourceExhausted},
+		{failf(ErrNoRaft, "no raft"), codes.FailedPrecondition},
+		{failf(ErrWrongNode, "not you"), codes.PermissionDenied},
+		{failf(ErrInternal, "bug"), codes.Internal},
 	} {
 		if got := toStatus(tt.err).Code(); got != tt.code {
 			t.Errorf("toStatus(%v) = %v, want %v", tt.err, got, tt.code)
+		}
+		if f, ok := tt.err.(*failure); ok && toStatus(tt.err).Message() != f.msg {
+			t.Errorf("toStatus(%v) message %q, want the failure's own", tt.err, toStatus(tt.err).Message())
 		}
 	}
 }
