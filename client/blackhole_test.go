@@ -37,7 +37,7 @@ func TestBlackholedServer(t *testing.T) {
 	store := rule.NewMemStore()
 	cfg := server.DefaultConfig()
 	cfg.GRPCAddr, cfg.HTTPAddr = proxy.Listen, ""
-	node, err := server.New(cfg, server.NewStandalone("solo", proxy.Listen, store))
+	node, err := server.New(cfg, server.NewStandalone("solo", proxy.Listen, store).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}

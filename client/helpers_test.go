@@ -71,7 +71,7 @@ func newTestServer(t testing.TB) *testServer {
 func (ts *testServer) newNode() {
 	cfg := server.DefaultConfig()
 	cfg.GRPCAddr, cfg.HTTPAddr = ts.addr, ""
-	n, err := server.New(cfg, server.NewStandalone("solo", ts.addr, ts.store))
+	n, err := server.New(cfg, server.NewStandalone("solo", ts.addr, ts.store).Deps())
 	if err != nil {
 		ts.t.Fatal(err)
 	}

@@ -28,23 +28,24 @@ func startServer(t *testing.T) string {
 	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = ""
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	n, err := server.New(cfg, server.NewStandalone("node-1", cfg.GRPCAddr, rule.NewMemStore()))
+	n, err := server.New(cfg, server.NewStandalone("node-1", cfg.GRPCAddr, rule.NewMemStore()).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Listen(); err != nil {
+	lis, err := server.Listen(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- n.Serve(ctx) }()
+	go func() { done <- n.Serve(ctx, lis) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return n.GRPCAddr()
+	return lis.GRPC.Addr().String()
 }
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader at once.

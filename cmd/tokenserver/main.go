@@ -271,7 +271,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			join = append(join, a)
 		}
 	}
-	node, err := server.Start(server.Options{Server: o.cfg, Raft: o.raft, Join: join})
+	node, lis, err := server.Start(server.Options{Server: o.cfg, Raft: o.raft, Join: join})
 	if err != nil {
 		return err
 	}
@@ -279,7 +279,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	err = node.Serve(ctx)
+	err = node.Serve(ctx, lis)
 	log.Info("tokenserver stopped", "uptime", time.Since(start).Round(time.Millisecond).String())
 	return err
 }

@@ -59,11 +59,7 @@ func newMetrics(n *Node) *metrics {
 			Name: "tokenserver_owner_failovers_total",
 			Help: "Data-plane calls sent to a key's next owner (or decided here) because its owner could not be reached.",
 		}),
-		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tokenserver_raft_apply_duration_seconds",
-			Help:    "Time to commit and apply a Raft entry proposed by this node (rule writes, membership).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
+		apply: n.hooks.apply,
 	}
 	m.methods = map[string]prometheus.Observer{}
 	for _, md := range pb.TokenService_ServiceDesc.Methods {
@@ -128,12 +124,13 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.n
-	t := n.cluster.Table()
+	t := n.data.Table()
 	for _, r := range t.Rules() {
 		cr := t.Get(r.Name)
-		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(cr.Stats.Allowed.Load()), r.Name, "allowed")
-		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(cr.Stats.Denied.Load()), r.Name, "denied")
-		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(cr.Stats.ShadowDenied.Load()), r.Name, "shadow_denied")
+		d := n.decisions.counts(cr)
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(d.Allowed), r.Name, "allowed")
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(d.Denied), r.Name, "denied")
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(d.ShadowDenied), r.Name, "shadow_denied")
 		ch <- prometheus.MustNewConstMetric(descRuleKeys, prometheus.GaugeValue, float64(cr.KeyCount.Load()), r.Name)
 	}
 	ch <- prometheus.MustNewConstMetric(descBuckets, prometheus.GaugeValue, float64(n.buckets.Live()))
@@ -143,7 +140,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBucketMax, prometheus.GaugeValue, float64(n.buckets.MaxBytes()))
 	ch <- prometheus.MustNewConstMetric(descRuleVersion, prometheus.GaugeValue, float64(t.Version))
 	ch <- prometheus.MustNewConstMetric(descRules, prometheus.GaugeValue, float64(t.Len()))
-	v := n.cluster.View()
+	v := n.data.View()
 	ch <- prometheus.MustNewConstMetric(descEpoch, prometheus.GaugeValue, float64(v.Epoch))
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(v.Len()))
 	ready := 0.0
@@ -151,7 +148,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
-	st, err := n.cluster.Status()
+	st, err := n.control.Status()
 	if err != nil {
 		return
 	}

@@ -1,17 +1,13 @@
 package server
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
@@ -120,74 +116,3 @@ func CheckPeers(sec *Security, multiNode bool, raftBind string) error {
 	}
 	return nil
 }
-
-// authorize is the unary interceptor's first step: the caller's principal
-// in ctx, or the status error that refuses the call. A refused write from
-// an authenticated caller is logged.
-func (n *Node) authorize(ctx context.Context, method string) (context.Context, error) {
-	ctx, err := n.auth.Authorize(ctx, method)
-	if err != nil && status.Code(err) == codes.PermissionDenied && auth.IsWrite(method) {
-		n.log.Warn("audit: write refused", "method", method, "err", status.Convert(err).Message())
-	}
-	return ctx, err
-}
-
-// audit logs a write (rule put and delete, membership, snapshot restore)
-// with its principal: the real author, also when a peer forwarded it.
-func (n *Node) audit(ctx context.Context, method string, err error) {
-	p, _ := auth.FromContext(ctx)
-	n.log.Info("audit", "method", method, "principal", p.Actor(), "code", status.Code(err).String())
-}
-
-// actor is who to record as a write's author (Rule.UpdatedBy): the
-// caller's principal, "" when auth is off.
-func actor(ctx context.Context) string {
-	if p, ok := auth.FromContext(ctx); ok {
-		return p.Actor()
-	}
-	return ""
-}
-
-// dropForeignForward removes the forwarded marker from a call that does not
-// come from a peer, when peers can be told apart (TLS or auth on): a
-// client that sets it is routed like any other call, instead of being
-// served where it lands (N nodes would each grant it the limit). It costs
-// one header lookup and allocates only when it removes the marker.
-func (n *Node) dropForeignForward(ctx context.Context) context.Context {
-	if !n.peersOnly || !forwarded(ctx) || auth.IsPeer(ctx) {
-		return ctx
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	delete(md, ForwardedHeader)
-	delete(md, auth.PrincipalHeader)
-	return metadata.NewIncomingContext(ctx, md)
-}
-
-// secureStream authorizes a streaming call, drops a client's forwarded
-// marker and audits writes (SnapshotRestore).
-func (n *Node) secureStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	ctx := ss.Context()
-	var err error
-	if n.auth != nil {
-		if ctx, err = n.authorize(ctx, info.FullMethod); err != nil {
-			return err
-		}
-	}
-	ctx = n.dropForeignForward(ctx)
-	if ctx != ss.Context() {
-		ss = &ctxStream{ServerStream: ss, ctx: ctx}
-	}
-	err = h(srv, ss)
-	if auth.IsWrite(info.FullMethod) {
-		n.audit(ctx, info.FullMethod, err)
-	}
-	return err
-}
-
-// ctxStream is a server stream with another context.
-type ctxStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (s *ctxStream) Context() context.Context { return s.ctx }

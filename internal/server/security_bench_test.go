@@ -123,14 +123,14 @@ func BenchmarkUnaryTLS(b *testing.B) {
 			cfg.HTTPAddr = ""
 			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 			cfg.Security = sec
-			n, err := New(cfg, NewStandalone("n0", "bufnet", rule.NewMemStore()))
+			n, err := New(cfg, NewStandalone("n0", "bufnet", rule.NewMemStore()).Deps())
 			if err != nil {
 				b.Fatal(err)
 			}
 			lis := bufconn.Listen(1 << 20)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
-			go func() { done <- n.ServeOn(ctx, lis) }()
+			go func() { done <- n.Serve(ctx, Listeners{GRPC: lis}) }()
 			b.Cleanup(func() { cancel(); <-done }) // after the timed part: a stop lingers
 			conn := dialBufTLS(b, lis, p, token)
 			put, perr := pb.NewAdminServiceClient(conn).PutRule(context.Background(), &pb.PutRuleRequest{Rule: &pb.Rule{Name: "bench", Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: 1 << 40, Period: durationpb.New(time.Second)}})

@@ -49,14 +49,14 @@ func newTestNode(t testing.TB, mutate func(*Config)) *testNode {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	n, err := New(cfg, NewStandalone("node-1", "bufnet", rule.NewMemStore()))
+	n, err := New(cfg, NewStandalone("node-1", "bufnet", rule.NewMemStore()).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- n.ServeOn(ctx, lis) }()
+	go func() { done <- n.Serve(ctx, Listeners{GRPC: lis}) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -327,7 +327,7 @@ func TestHealthAndReflection(t *testing.T) {
 
 func TestDefaultDeadline(t *testing.T) {
 	var seen atomic.Bool
-	n, err := New(Config{GRPCAddr: "127.0.0.1:0", MaxRecvMsgSize: 1 << 20, DefaultDeadline: time.Second, SweepInterval: time.Second}, NewStandalone("n", "a", rule.NewMemStore()))
+	n, err := New(Config{GRPCAddr: "127.0.0.1:0", MaxRecvMsgSize: 1 << 20, DefaultDeadline: time.Second, SweepInterval: time.Second}, NewStandalone("n", "a", rule.NewMemStore()).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestDefaultDeadline(t *testing.T) {
 }
 
 func TestHTTPHealth(t *testing.T) {
-	n, err := New(DefaultConfig(), NewStandalone("node-1", "127.0.0.1:7070", rule.NewMemStore()))
+	n, err := New(DefaultConfig(), NewStandalone("node-1", "127.0.0.1:7070", rule.NewMemStore()).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,9 +376,19 @@ func TestToStatusMapsEveryError(t *testing.T) {
 		{rule.ErrNoLeader, codes.Unavailable},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{errors.New("boom"), codes.Internal},
+		{failf(ErrBadRequest, "grant_id is empty"), codes.InvalidArgument},
+		{failf(ErrNotReady, "no view"), codes.Unavailable},
+		{failf(ErrUnavailable, "stopping"), codes.Unavailable},
+		{failf(ErrStreamCap, "cap"), codes.ResourceExhausted},
+		{failf(ErrNoRaft, "no raft"), codes.FailedPrecondition},
+		{failf(ErrWrongNode, "not you"), codes.PermissionDenied},
+		{failf(ErrInternal, "bug"), codes.Internal},
 	} {
 		if got := toStatus(tt.err).Code(); got != tt.code {
 			t.Errorf("toStatus(%v) = %v, want %v", tt.err, got, tt.code)
+		}
+		if f, ok := tt.err.(*failure); ok && toStatus(tt.err).Message() != f.msg {
+			t.Errorf("toStatus(%v) message %q, want the failure's own", tt.err, toStatus(tt.err).Message())
 		}
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -24,7 +22,7 @@ const snapshotChunk = 256 << 10
 // snapshot; a follower relays the leader's stream.
 func (s *adminService) SnapshotSave(req *pb.SnapshotSaveRequest, stream grpc.ServerStreamingServer[pb.SnapshotChunk]) error {
 	ctx := stream.Context()
-	rc, err := s.n.cluster.SnapshotSave(ctx)
+	rc, err := s.n.control.SnapshotSave(ctx)
 	if err != nil {
 		var le *rule.LeaderError
 		if !errors.As(err, &le) || forwarded(ctx) {
@@ -64,7 +62,7 @@ func (s *adminService) SnapshotSave(req *pb.SnapshotSaveRequest, stream grpc.Ser
 			return nil
 		}
 		if rerr != nil {
-			return status.Errorf(codes.Internal, "read snapshot: %v", rerr)
+			return toError(failf(ErrInternal, "read snapshot: %v", rerr))
 		}
 	}
 }
@@ -83,14 +81,14 @@ func (s *adminService) SnapshotRestore(stream grpc.ClientStreamingServer[pb.Snap
 			return err
 		}
 		if data.Len()+len(c.GetData()) > maxSnapshot {
-			return status.Errorf(codes.InvalidArgument, "snapshot is larger than %d MiB", maxSnapshot>>20)
+			return toError(failf(ErrBadRequest, "snapshot is larger than %d MiB", maxSnapshot>>20))
 		}
 		data.Write(c.GetData())
 	}
 	if data.Len() == 0 {
-		return status.Error(codes.InvalidArgument, "snapshot is empty")
+		return toError(failf(ErrBadRequest, "snapshot is empty"))
 	}
-	n, version, err := s.n.cluster.RestoreRules(ctx, bytes.NewReader(data.Bytes()))
+	n, version, err := s.n.control.RestoreRules(ctx, bytes.NewReader(data.Bytes()))
 	if err != nil {
 		var resp *pb.SnapshotRestoreResponse
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {

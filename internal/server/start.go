@@ -1,100 +1,94 @@
 package server
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
-	"time"
 
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 )
+
+// Listeners are the sockets a Node serves on. GRPC is required; HTTP
+// (metrics, health) and Pprof are served when set.
+type Listeners struct {
+	GRPC  net.Listener
+	HTTP  net.Listener
+	Pprof net.Listener
+}
+
+// Close closes every listener that is set.
+func (l Listeners) Close() error {
+	var errs []error
+	for _, x := range []net.Listener{l.GRPC, l.HTTP, l.Pprof} {
+		if x != nil {
+			errs = append(errs, x.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Listen opens the listeners cfg names: GRPCAddr, HTTPAddr when set, and
+// PprofAddr when Pprof is on (":0" picks a free port).
+func Listen(cfg Config) (Listeners, error) {
+	var l Listeners
+	var err error
+	if l.GRPC, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return Listeners{}, fmt.Errorf("listen grpc %s: %w", cfg.GRPCAddr, err)
+	}
+	if cfg.HTTPAddr != "" {
+		if l.HTTP, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			l.Close()
+			return Listeners{}, fmt.Errorf("listen http %s: %w", cfg.HTTPAddr, err)
+		}
+	}
+	if cfg.Pprof && cfg.PprofAddr != "" {
+		if l.Pprof, err = net.Listen("tcp", cfg.PprofAddr); err != nil {
+			l.Close()
+			return Listeners{}, fmt.Errorf("listen pprof %s: %w", cfg.PprofAddr, err)
+		}
+	}
+	return l, nil
+}
 
 // Options configure Start.
 type Options struct {
 	// Server configures the gRPC and HTTP side.
 	Server Config
-	// Raft configures the Raft node; Start fills in AdvertiseGRPC, Health,
-	// JoinVia and Join.
+	// Raft configures the Raft node; OpenRaft fills in its peer TLS,
+	// AdvertiseGRPC, hooks and Join.
 	Raft raftfsm.Config
 	// Join lists gRPC addresses of members to ask to add this node.
 	Join []string
 }
 
-// Start opens the listeners and the Raft node and returns a node to Serve.
-// Listening first lets ":0" addresses resolve before Raft records them.
-func Start(o Options) (*Node, error) {
-	sec := &o.Server.Security
+// Start is the one way in three steps, in the order ":0" addresses need:
+// it checks the peer security (before any port opens), opens the
+// listeners (so that the advertised gRPC address is known before Raft
+// records it), opens the Raft node (OpenRaft) and builds the node (New).
+// Serve the node on the listeners it returns.
+func Start(o Options) (*Node, Listeners, error) {
 	multi := o.Raft.BootstrapExpect > 1 || len(o.Join) > 0 || len(o.Raft.Peers) > 1
-	if err := CheckPeers(sec, multi, o.Raft.RaftBind); err != nil {
-		return nil, err
+	if err := CheckPeers(&o.Server.Security, multi, o.Raft.RaftBind); err != nil {
+		return nil, Listeners{}, err
 	}
-	gl, err := net.Listen("tcp", o.Server.GRPCAddr)
+	lis, err := Listen(o.Server)
 	if err != nil {
-		return nil, fmt.Errorf("listen grpc %s: %w", o.Server.GRPCAddr, err)
-	}
-	var hl net.Listener
-	if o.Server.HTTPAddr != "" {
-		if hl, err = net.Listen("tcp", o.Server.HTTPAddr); err != nil {
-			gl.Close()
-			return nil, fmt.Errorf("listen http %s: %w", o.Server.HTTPAddr, err)
-		}
-	}
-	fail := func(err error) (*Node, error) {
-		gl.Close()
-		if hl != nil {
-			hl.Close()
-		}
-		return nil, err
+		return nil, Listeners{}, err
 	}
 	if o.Server.AdvertiseGRPC == "" {
-		o.Server.AdvertiseGRPC = gl.Addr().String()
+		o.Server.AdvertiseGRPC = lis.GRPC.Addr().String()
 	}
-	peerServer, peerClient := sec.peerTLS()
-	pool := newPeers(peerClient)
-	rc := o.Raft
-	rc.PeerServerTLS, rc.PeerClientTLS = peerServer, peerClient
-	rc.AdvertiseGRPC = o.Server.AdvertiseGRPC
-	rc.Health = pool.Health
-	rc.JoinVia = pool.JoinVia
-	rc.DrainVia = pool.DrainVia
-	var self atomic.Pointer[Node] // set once the node exists
-	rc.ObserveApply = func(d time.Duration) {
-		if n := self.Load(); n != nil {
-			n.metrics.apply.Observe(d.Seconds())
-		}
-	}
-	rc.OnCaughtUp = func() {
-		if n := self.Load(); n != nil {
-			n.updateHealth()
-		}
-	}
-	rc.Join = len(o.Join) > 0
-	if rc.Logger == nil {
-		rc.Logger = o.Server.Logger
-	}
-	rn, err := raftfsm.Open(rc)
+	deps, err := OpenRaft(o.Server, o.Raft, o.Join)
 	if err != nil {
-		return fail(err)
+		lis.Close()
+		return nil, Listeners{}, err
 	}
-	n, err := New(o.Server, rn)
+	n, err := New(o.Server, deps)
 	if err != nil {
-		rn.Close()
-		return fail(err)
+		deps.Control.Close()
+		deps.Peers.close()
+		lis.Close()
+		return nil, Listeners{}, err
 	}
-	n.peers = pool
-	self.Store(n)
-	n.grpcLis, n.httpLis = gl, hl
-	if len(o.Join) > 0 {
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() { <-n.done; cancel() }()
-			if err := rn.JoinCluster(ctx, o.Join); err != nil {
-				n.log.Error("could not join the cluster", "via", o.Join, "err", err)
-			}
-		}()
-	}
-	return n, nil
+	return n, lis, nil
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
-	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -87,10 +86,7 @@ func TestWatchClusterViewHeartbeat(t *testing.T) {
 // Past the cap a new stream is ResourceExhausted; a closed stream frees
 // its place.
 func TestWatchClusterViewCap(t *testing.T) {
-	old := maxViewStreams
-	maxViewStreams = 2
-	t.Cleanup(func() { maxViewStreams = old })
-	tn := newTestNode(t, nil)
+	tn := newTestNode(t, func(c *Config) { c.MaxViewStreams = 2 })
 	open := func() (pb.TokenService_WatchClusterViewClient, context.CancelFunc, error) {
 		sctx, cancel := context.WithCancel(ctx(t))
 		st, err := tn.token.WatchClusterView(sctx, &pb.GetClusterViewRequest{})
@@ -137,10 +133,10 @@ type notReadyCluster struct {
 
 func (c *notReadyCluster) Ready() bool         { return false }
 func (c *notReadyCluster) View() *cluster.View { return cluster.NewView(0, nil) }
-func (c *notReadyCluster) Status() (raftfsm.Status, error) {
+func (c *notReadyCluster) Status() (Status, error) {
 	st, err := c.Standalone.Status()
 	if !c.sole {
-		st.Members = append(st.Members, raftfsm.MemberStatus{ID: "node-2"})
+		st.Members = append(st.Members, MemberStatus{ID: "node-2"})
 	}
 	return st, err
 }
@@ -165,7 +161,8 @@ func TestNotReadyNode(t *testing.T) {
 		if _, err := store.Put(context.Background(), &rule.Rule{Name: "r", Algorithm: bucket.TokenBucket, Limit: 5, Period: time.Second}, nil); err != nil {
 			t.Fatal(err)
 		}
-		n, err := New(DefaultConfig(), &notReadyCluster{Standalone: NewStandalone("node-1", "x", store), sole: sole})
+		nr := &notReadyCluster{Standalone: NewStandalone("node-1", "x", store), sole: sole}
+		n, err := New(DefaultConfig(), Deps{Data: nr, Control: nr})
 		if err != nil {
 			t.Fatal(err)
 		}

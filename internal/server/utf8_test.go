@@ -51,7 +51,7 @@ func TestInvalidUTF8(t *testing.T) {
 	if _, err := tn.token.AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "api", Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
-	if n := pendingBadUTF8.Load(); n != 0 {
+	if n := tn.node.codec.pending.Load(); n != 0 {
 		t.Fatalf("%d bad requests still remembered", n)
 	}
 }

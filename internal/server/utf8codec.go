@@ -7,11 +7,9 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -21,22 +19,28 @@ import (
 // holds invalid UTF-8 (which proto3 refuses to decode, and gRPC then
 // answers INTERNAL) is decoded as an empty message and remembered with the
 // path of the offending field; the interceptors answer it InvalidArgument
-// naming that field before any handler sees it.
-type utf8Codec struct{ encoding.CodecV2 }
+// naming that field before any handler sees it. Each node has its own.
+//
+// It is hand-written because the schema cannot say it: a string field opts
+// out of decode-time validation only with protobuf editions
+// (features.utf8_validation = NONE), which need protoc 27 or later, and the
+// protoc this project generates with (Debian's) is 3.21. With editions the
+// fields would decode and the handlers could name the field themselves;
+// the wire format would not change.
+type utf8Codec struct {
+	encoding.CodecV2
+	// bad maps a request message to the field that held invalid UTF-8;
+	// pending counts its entries, so that the interceptors look it up only
+	// when there is one.
+	bad     sync.Map
+	pending atomic.Int64
+}
 
-func newUTF8Codec() utf8Codec { return utf8Codec{encoding.GetCodecV2(protoenc.Name)} }
-
-// badUTF8 maps a request message to the field that held invalid UTF-8;
-// pendingBadUTF8 counts its entries, so that the interceptors look it up
-// only when there is one.
-var (
-	badUTF8        sync.Map
-	pendingBadUTF8 atomic.Int64
-)
+func newUTF8Codec() *utf8Codec { return &utf8Codec{CodecV2: encoding.GetCodecV2(protoenc.Name)} }
 
 // Marshal sends a view encoded once per publication as it is (see
 // encodedView); anything else goes to the proto codec.
-func (c utf8Codec) Marshal(v any) (mem.BufferSlice, error) {
+func (c *utf8Codec) Marshal(v any) (mem.BufferSlice, error) {
 	if e, ok := v.(*encodedView); ok && e.wire != nil {
 		return mem.BufferSlice{mem.SliceBuffer(e.wire)}, nil
 	}
@@ -44,7 +48,7 @@ func (c utf8Codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 // Unmarshal implements encoding.CodecV2.
-func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
+func (c *utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
 	if err == nil {
 		return nil
@@ -58,23 +62,23 @@ func (c utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return err
 	}
 	proto.Reset(m)
-	badUTF8.Store(m, field)
-	pendingBadUTF8.Add(1)
+	c.bad.Store(m, field)
+	c.pending.Add(1)
 	return nil
 }
 
-// takeBadUTF8 returns the InvalidArgument error of a request decoded with
+// take returns the error (ErrBadRequest) of a request decoded with
 // invalid UTF-8, or nil, forgetting it.
-func takeBadUTF8(req any) error {
-	if pendingBadUTF8.Load() == 0 || req == nil {
+func (c *utf8Codec) take(req any) error {
+	if c.pending.Load() == 0 || req == nil {
 		return nil
 	}
-	f, ok := badUTF8.LoadAndDelete(req)
+	f, ok := c.bad.LoadAndDelete(req)
 	if !ok {
 		return nil
 	}
-	pendingBadUTF8.Add(-1)
-	return status.Errorf(codes.InvalidArgument, "%s is not valid UTF-8", f)
+	c.pending.Add(-1)
+	return failf(ErrBadRequest, "%s is not valid UTF-8", f)
 }
 
 // invalidUTF8Field walks the wire form b of a message of descriptor d and
@@ -121,12 +125,15 @@ func invalidUTF8Field(b []byte, d protoreflect.MessageDescriptor, prefix string)
 }
 
 // utf8Stream answers a streamed request with invalid UTF-8 InvalidArgument.
-type utf8Stream struct{ grpc.ServerStream }
+type utf8Stream struct {
+	grpc.ServerStream
+	codec *utf8Codec
+}
 
 // RecvMsg implements grpc.ServerStream.
 func (s utf8Stream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return takeBadUTF8(m)
+	return toError(s.codec.take(m))
 }

@@ -8,7 +8,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -35,7 +34,7 @@ func TestPartitionedLeader(t *testing.T) {
 	}
 	c.WaitFor("a new leader in the majority", func() bool {
 		for _, n := range c.Nodes {
-			if n != old && n.Cluster().(*raftfsm.Node).IsLeader() {
+			if n != old && n.Cluster().IsLeader() {
 				return true
 			}
 		}
@@ -58,7 +57,7 @@ func TestPartitionedLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.WaitFor("the old leader follows and catches up", func() bool {
-		return !old.Cluster().(*raftfsm.Node).IsLeader() && old.Cluster().Table().Get("after") != nil
+		return !old.Cluster().IsLeader() && old.Cluster().Table().Get("after") != nil
 	})
 	if old.Cluster().Table().Get("lost") != nil {
 		t.Fatal("the unacknowledged write of the isolated leader survived")

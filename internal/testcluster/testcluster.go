@@ -29,6 +29,7 @@ type Node struct {
 	RaftAddr string
 	*server.Node
 
+	raft   *raftfsm.Node
 	conn   *grpc.ClientConn
 	cancel context.CancelFunc
 	done   chan error
@@ -39,6 +40,9 @@ func (n *Node) Token() pb.TokenServiceClient { return pb.NewTokenServiceClient(n
 
 // Admin returns an AdminService client connected to this node.
 func (n *Node) Admin() pb.AdminServiceClient { return pb.NewAdminServiceClient(n.conn) }
+
+// Cluster returns the node's Raft node (rules, view, membership).
+func (n *Node) Cluster() *raftfsm.Node { return n.raft }
 
 // Running reports whether the node serves.
 func (n *Node) Running() bool { return n.Node != nil }
@@ -157,15 +161,28 @@ func (c *Cluster) start(n *Node, join []string) {
 	if c.Mutate != nil {
 		c.Mutate(&opts)
 	}
-	sn, err := server.Start(opts)
+	// server.Start's steps, keeping the Raft node for the helpers.
+	lis, err := server.Listen(opts.Server)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", n.ID, err)
 	}
-	n.Node = sn
-	n.GRPCAddr = sn.GRPCAddr()
-	if rn, ok := sn.Cluster().(*raftfsm.Node); ok {
-		n.RaftAddr = rn.RaftAddr()
+	if opts.Server.AdvertiseGRPC == "" {
+		opts.Server.AdvertiseGRPC = lis.GRPC.Addr().String()
 	}
+	deps, err := server.OpenRaft(opts.Server, opts.Raft, opts.Join)
+	if err != nil {
+		lis.Close()
+		c.t.Fatalf("start %s: %v", n.ID, err)
+	}
+	sn, err := server.New(opts.Server, deps)
+	if err != nil {
+		deps.Control.Close()
+		lis.Close()
+		c.t.Fatalf("start %s: %v", n.ID, err)
+	}
+	n.Node, n.raft = sn, deps.Data.(server.RaftCluster).Node
+	n.GRPCAddr = lis.GRPC.Addr().String()
+	n.RaftAddr = n.raft.RaftAddr()
 	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if c.PKI != nil {
 		dial = c.PKI.DialOptions("admin")
@@ -176,7 +193,7 @@ func (c *Cluster) start(n *Node, join []string) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.conn, n.cancel, n.done = conn, cancel, make(chan error, 1)
-	go func() { n.done <- sn.Serve(ctx) }()
+	go func() { n.done <- sn.Serve(ctx, lis) }()
 }
 
 // Stop stops node i gracefully (a leader hands over); its data stays.
@@ -190,7 +207,7 @@ func (c *Cluster) Stop(i int) {
 		c.t.Errorf("%s: serve: %v", n.ID, err)
 	}
 	n.conn.Close()
-	n.Node = nil
+	n.Node, n.raft = nil, nil
 }
 
 // Restart starts stopped node i again on the same addresses and data.
@@ -210,7 +227,7 @@ func (c *Cluster) StopAll() {
 func (c *Cluster) Leader() *Node {
 	for _, n := range c.Nodes {
 		if n.Running() {
-			if rn, ok := n.Cluster().(*raftfsm.Node); ok && rn.IsLeader() {
+			if n.Cluster().IsLeader() {
 				return n
 			}
 		}

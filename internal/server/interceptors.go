@@ -1,0 +1,150 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/tokenserver/tokenserver/internal/auth"
+)
+
+// unary is the one unary interceptor: it authorizes the call (when auth is
+// on), drops a client's forwarded marker (see dropForeignForward), turns a
+// panic into an Internal error, a log line and tokenserver_panics_total
+// (bad input never takes the node down), gives calls without a deadline
+// the default one, times data-plane calls into the decision latency
+// histogram and audits writes.
+func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+	badUTF8 := n.codec.take(req) // taken first, so that it is always forgotten
+	if n.auth != nil {
+		if ctx, err = n.authorize(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+	}
+	ctx = n.dropForeignForward(ctx)
+	defer func() {
+		if p := recover(); p != nil {
+			err = n.panicked(info.FullMethod, p)
+		}
+	}()
+	if badUTF8 != nil {
+		n.metrics.observeError(codes.InvalidArgument)
+		return nil, toError(badUTF8)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.DefaultDeadline)
+		defer cancel()
+	}
+	obs, measured := n.metrics.methods[info.FullMethod]
+	if !measured {
+		resp, err = h(ctx, req)
+		if auth.IsWrite(info.FullMethod) {
+			n.audit(ctx, info.FullMethod, err)
+		}
+		return resp, err
+	}
+	start := time.Now()
+	resp, err = h(ctx, req)
+	obs.Observe(time.Since(start).Seconds())
+	if err != nil {
+		n.metrics.observeError(codeOf(err))
+	}
+	return resp, err
+}
+
+// panicked logs and counts a panic in a handler and returns the Internal
+// error its caller gets.
+func (n *Node) panicked(method string, p any) error {
+	n.metrics.panics.Inc()
+	n.log.Error("panic in handler", "method", method, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	return toError(failf(ErrInternal, "internal error in %s", method))
+}
+
+// recoverStream turns a panic in a stream handler into an Internal error,
+// counted in tokenserver_panics_total, and answers a streamed request with
+// invalid UTF-8 InvalidArgument.
+func (n *Node) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = n.panicked(info.FullMethod, p)
+		}
+	}()
+	return h(srv, utf8Stream{ServerStream: ss, codec: n.codec})
+}
+
+// secureStream authorizes a streaming call, drops a client's forwarded
+// marker and audits writes (SnapshotRestore).
+func (n *Node) secureStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	ctx := ss.Context()
+	var err error
+	if n.auth != nil {
+		if ctx, err = n.authorize(ctx, info.FullMethod); err != nil {
+			return err
+		}
+	}
+	ctx = n.dropForeignForward(ctx)
+	if ctx != ss.Context() {
+		ss = &ctxStream{ServerStream: ss, ctx: ctx}
+	}
+	err = h(srv, ss)
+	if auth.IsWrite(info.FullMethod) {
+		n.audit(ctx, info.FullMethod, err)
+	}
+	return err
+}
+
+// ctxStream is a server stream with another context.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *ctxStream) Context() context.Context { return s.ctx }
+
+// authorize is the interceptors' first step: the caller's principal in
+// ctx, or the status error (auth's) that refuses the call. A refused write
+// from an authenticated caller is logged.
+func (n *Node) authorize(ctx context.Context, method string) (context.Context, error) {
+	ctx, err := n.auth.Authorize(ctx, method)
+	if err != nil && codeOf(err) == codes.PermissionDenied && auth.IsWrite(method) {
+		n.log.Warn("audit: write refused", "method", method, "err", toStatus(err).Message())
+	}
+	return ctx, err
+}
+
+// audit logs a write (rule put and delete, membership, snapshot restore)
+// with its principal: the real author, also when a peer forwarded it.
+func (n *Node) audit(ctx context.Context, method string, err error) {
+	p, _ := auth.FromContext(ctx)
+	n.log.Info("audit", "method", method, "principal", p.Actor(), "code", codeOf(err).String())
+}
+
+// actor is who to record as a write's author (Rule.UpdatedBy): the
+// caller's principal, "" when auth is off.
+func actor(ctx context.Context) string {
+	if p, ok := auth.FromContext(ctx); ok {
+		return p.Actor()
+	}
+	return ""
+}
+
+// dropForeignForward removes the forwarded marker from a call that does not
+// come from a peer, when peers can be told apart (TLS or auth on): a
+// client that sets it is routed like any other call, instead of being
+// served where it lands (N nodes would each grant it the limit). It costs
+// one header lookup and allocates only when it removes the marker.
+func (n *Node) dropForeignForward(ctx context.Context) context.Context {
+	if !n.peersOnly || !forwarded(ctx) || auth.IsPeer(ctx) {
+		return ctx
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	delete(md, ForwardedHeader)
+	delete(md, auth.PrincipalHeader)
+	return metadata.NewIncomingContext(ctx, md)
+}
