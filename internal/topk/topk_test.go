@@ -225,8 +225,8 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
-	if got := ok.MaxEntries(); got != 64*(7+13)*2 {
-		t.Errorf("default MaxEntries = %d, want %d", got, 64*(7+13)*2)
+	if got := ok.MaxEntries(); got != 256*(7+13)*2 {
+		t.Errorf("default MaxEntries = %d, want %d", got, 256*(7+13)*2)
 	}
 }
 
