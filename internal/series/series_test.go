@@ -314,16 +314,19 @@ func BenchmarkAdd(b *testing.B) {
 	var s Series
 	now := int64(0)
 	b.ReportAllocs()
+	cpu := cpuNanos()
 	for b.Loop() {
 		now += 100 * int64(time.Microsecond)
 		s.Add(now, 1, 0, 0, 1)
 	}
+	reportCPU(b, cpu)
 }
 
 // BenchmarkAddParallel is Add from every core on one rule's Series.
 func BenchmarkAddParallel(b *testing.B) {
 	var s Series
 	b.ReportAllocs()
+	cpu := cpuNanos()
 	b.RunParallel(func(pb *testing.PB) {
 		now := int64(0)
 		for pb.Next() {
@@ -331,6 +334,7 @@ func BenchmarkAddParallel(b *testing.B) {
 			s.Add(now, 1, 0, 0, 1)
 		}
 	})
+	reportCPU(b, cpu)
 }
 
 // BenchmarkRangeHour is the read of a full hour.
@@ -340,7 +344,9 @@ func BenchmarkRangeHour(b *testing.B) {
 		s.Add(i*sec, 1, 0, 0, 1)
 	}
 	b.ReportAllocs()
+	cpu := cpuNanos()
 	for b.Loop() {
 		s.Range(Slots*sec, 0, Slots*sec)
 	}
+	reportCPU(b, cpu)
 }

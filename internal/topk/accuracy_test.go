@@ -55,6 +55,7 @@ func TestZipfAccuracy(t *testing.T) {
 		span      time.Duration // the stream is spread evenly over span
 		minRecall float64
 	}{
+		{"one 10s bucket, k=128", 128, Minute, 10*time.Second - 1, 0},
 		{"one 10s bucket, k=256", 256, Minute, 10*time.Second - 1, 1},
 		{"minute window (6 buckets), k=64", 64, Minute, time.Minute - 1, 0},
 		{"minute window (6 buckets), k=128", 128, Minute, time.Minute - 1, 0},

@@ -3,6 +3,7 @@ package topk
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -54,10 +55,12 @@ func TestSpaceSaving(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var s spaceSaving
+			seed := maphash.MakeSeed()
 			exact := map[string]int64{}
 			var total int64
 			for _, a := range tt.adds {
-				s.add(a.key, a.w, tt.capacity)
+				s.add(maphash.String(seed, a.key), a.key, a.w, tt.capacity)
+				s.check(t)
 				exact[a.key] += a.w
 				total += a.w
 			}
@@ -70,6 +73,90 @@ func TestSpaceSaving(t *testing.T) {
 			}
 			checkSummary(t, Merge(sum), exact, total, total/int64(tt.capacity))
 		})
+	}
+}
+
+// TestSpaceSavingCollisions drives the hash index with hashes that collide
+// in full or in their low bits, so probing, eviction and backward-shift
+// deletion all run, and checks the sketch's invariants after every add.
+func TestSpaceSavingCollisions(t *testing.T) {
+	hashes := []struct {
+		name string
+		h    func(key string) uint64
+	}{
+		{"all equal", func(string) uint64 { return 42 }},
+		{"three values", func(k string) uint64 { return uint64(len(k) % 3) }},
+		{"same low bits", func(k string) uint64 { return uint64(len(k)) << 32 }},
+		{"maphash", func(k string) uint64 { return maphash.String(maphash.MakeSeed(), k) }},
+	}
+	for _, hh := range hashes {
+		for _, capacity := range []int{1, 3, 8, 20} {
+			t.Run(fmt.Sprint(hh.name, "/k=", capacity), func(t *testing.T) {
+				seed := maphash.MakeSeed()
+				hash := hh.h
+				if hh.name == "maphash" {
+					hash = func(k string) uint64 { return maphash.String(seed, k) }
+				}
+				r := rand.New(rand.NewPCG(uint64(capacity), 3))
+				var s spaceSaving
+				exact := map[string]int64{}
+				var total int64
+				for i := range 3000 {
+					key := fmt.Sprint("k", r.IntN(50))
+					if i%7 == 0 {
+						key = fmt.Sprint("rare", i) // never seen twice: forces evictions
+					}
+					w := 1 + r.Int64N(4)
+					s.add(hash(key), key, w, capacity)
+					exact[key] += w
+					total += w
+					s.check(t)
+					if i == 1500 {
+						s.reset()
+						s.check(t)
+						exact, total = map[string]int64{}, 0
+					}
+				}
+				checkSummary(t, Merge(s.summary(capacity)), exact, total, total/int64(capacity))
+			})
+		}
+	}
+}
+
+// check verifies the sketch's internal invariants: counts sum to the
+// total, the heap is ordered and each counter knows its position, and the
+// table indexes every counter exactly once, findable from its hash.
+func (s *spaceSaving) check(t *testing.T) {
+	t.Helper()
+	var sum int64
+	for i, c := range s.counters {
+		sum += c.count
+		if int(s.heap[c.pos]) != i {
+			t.Fatalf("counter %d (%q) says heap position %d, which holds %d", i, c.key, c.pos, s.heap[c.pos])
+		}
+		if p, ok := s.find(c.hash, c.key); !ok || int(s.table[p]) != i+1 {
+			t.Fatalf("counter %d (%q) not found in the table", i, c.key)
+		}
+	}
+	if sum != s.total {
+		t.Fatalf("counts sum to %d, total is %d", sum, s.total)
+	}
+	for j := 1; j < len(s.heap); j++ {
+		if s.less(j, (j-1)/2) {
+			t.Fatalf("heap out of order at %d", j)
+		}
+	}
+	used := 0
+	for _, v := range s.table {
+		if v != 0 {
+			used++
+		}
+	}
+	if used != len(s.counters) || len(s.heap) != len(s.counters) {
+		t.Fatalf("table holds %d, heap %d, counters %d", used, len(s.heap), len(s.counters))
+	}
+	if len(s.counters) > 0 && 2*len(s.counters) > len(s.table) {
+		t.Fatalf("table %d more than half full with %d", len(s.table), len(s.counters))
 	}
 }
 
