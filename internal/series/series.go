@@ -138,16 +138,20 @@ func (s *Series) Range(now, from, to int64) []Point {
 	if first > last {
 		return nil
 	}
-	out := make([]Point, 0, last-first+1)
-	for sec := first; sec <= last; sec++ {
-		p := Point{Time: sec * int64(Resolution)}
+	out := make([]Point, last-first+1)
+	i := index(first)
+	for j := range out {
+		sec := first + int64(j)
+		out[j].Time = sec * int64(Resolution)
 		if s.slots != nil {
-			if sl := &s.slots[index(sec)]; sl.sec == sec {
-				p.Admitted, p.Denied = sl.admitted, sl.denied
-				p.ShadowDenied, p.Permits = sl.shadowDenied, sl.permits
+			if sl := &s.slots[i]; sl.sec == sec {
+				out[j].Admitted, out[j].Denied = sl.admitted, sl.denied
+				out[j].ShadowDenied, out[j].Permits = sl.shadowDenied, sl.permits
 			}
 		}
-		out = append(out, p)
+		if i++; i == Slots {
+			i = 0
+		}
 	}
 	return out
 }
