@@ -102,11 +102,11 @@ type Config struct {
 	// side (admitted, denied). It sets the error: at most N/Capacity for
 	// N permits in the window. 1 to MaxCapacity.
 	Capacity int
-	// MinuteBucket is the width of the minute window's buckets. It must
-	// divide one minute.
+	// MinuteBucket is the width of the minute window's buckets: at least
+	// 1 s, dividing one minute.
 	MinuteBucket time.Duration
-	// HourBucket is the width of the hour window's buckets. It must divide
-	// one hour.
+	// HourBucket is the width of the hour window's buckets: at least
+	// 1 min, dividing one hour.
 	HourBucket time.Duration
 }
 
@@ -122,11 +122,11 @@ func (c Config) Validate() error {
 	if c.Capacity < 1 || c.Capacity > MaxCapacity {
 		return fmt.Errorf("%w: Capacity %d: must be 1 to %d", ErrInvalidConfig, c.Capacity, MaxCapacity)
 	}
-	if c.MinuteBucket <= 0 || time.Minute%c.MinuteBucket != 0 {
-		return fmt.Errorf("%w: MinuteBucket %v: must be positive and divide 1m", ErrInvalidConfig, c.MinuteBucket)
+	if c.MinuteBucket < time.Second || time.Minute%c.MinuteBucket != 0 {
+		return fmt.Errorf("%w: MinuteBucket %v: must be at least 1s and divide 1m", ErrInvalidConfig, c.MinuteBucket)
 	}
-	if c.HourBucket <= 0 || time.Hour%c.HourBucket != 0 {
-		return fmt.Errorf("%w: HourBucket %v: must be positive and divide 1h", ErrInvalidConfig, c.HourBucket)
+	if c.HourBucket < time.Minute || time.Hour%c.HourBucket != 0 {
+		return fmt.Errorf("%w: HourBucket %v: must be at least 1m and divide 1h", ErrInvalidConfig, c.HourBucket)
 	}
 	return nil
 }

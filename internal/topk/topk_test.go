@@ -293,6 +293,9 @@ func TestConfigValidate(t *testing.T) {
 		{"zero minute bucket", func(c *Config) { c.MinuteBucket = 0 }, "MinuteBucket"},
 		{"minute bucket not dividing", func(c *Config) { c.MinuteBucket = 7 * time.Second }, "MinuteBucket"},
 		{"minute bucket longer than a minute", func(c *Config) { c.MinuteBucket = 2 * time.Minute }, "MinuteBucket"},
+		{"smallest buckets", func(c *Config) { c.MinuteBucket, c.HourBucket = time.Second, time.Minute }, ""},
+		{"minute bucket below a second", func(c *Config) { c.MinuteBucket = 500 * time.Millisecond }, "MinuteBucket"},
+		{"hour bucket below a minute", func(c *Config) { c.HourBucket = 30 * time.Second }, "HourBucket"},
 		{"hour bucket not dividing", func(c *Config) { c.HourBucket = 7 * time.Minute }, "HourBucket"},
 		{"negative hour bucket", func(c *Config) { c.HourBucket = -time.Minute }, "HourBucket"},
 	}
