@@ -149,9 +149,11 @@ func (k *Keys) Open(g *Grant, bk []byte, gen uint64) bool {
 // the state, so nothing is copied.
 func (k *Keys) tagOf(bk []byte, gen uint64, g *Grant) uint64 {
 	v0, v1, v2, v3 := sipInit(k.tag[0], k.tag[1])
-	v0, v1, v2, v3 = sipWord(v0, v1, v2, v3, gen)
-	v0, v1, v2, v3 = sipWord(v0, v1, v2, v3, g.Nonce)
-	v0, v1, v2, v3 = sipWord(v0, v1, v2, v3, uint64(g.IssuedAt))
-	v0, v1, v2, v3 = sipWord(v0, v1, v2, v3, uint64(g.Permits))
+	for _, m := range [4]uint64{gen, g.Nonce, uint64(g.IssuedAt), uint64(g.Permits)} {
+		v3 ^= m
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		v0 ^= m
+	}
 	return sipTail(v0, v1, v2, v3, bk, 32+len(bk))
 }

@@ -33,27 +33,26 @@ func sipRound(v0, v1, v2, v3 uint64) (uint64, uint64, uint64, uint64) {
 	return v0, v1, v2, v3
 }
 
-// sipWord compresses one 8-byte message word m.
-func sipWord(v0, v1, v2, v3, m uint64) (uint64, uint64, uint64, uint64) {
-	v3 ^= m
-	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
-	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
-	v0 ^= m
-	return v0, v1, v2, v3
-}
-
 // sipTail compresses the rest p of a message of n bytes in all (the words
 // before p already compressed, so n-len(p) is a multiple of 8) and returns
 // the hash.
 func sipTail(v0, v1, v2, v3 uint64, p []byte, n int) uint64 {
 	for len(p) >= 8 {
-		v0, v1, v2, v3 = sipWord(v0, v1, v2, v3, binary.LittleEndian.Uint64(p))
+		m := binary.LittleEndian.Uint64(p)
+		v3 ^= m
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		v0 ^= m
 		p = p[8:]
 	}
 	var last [8]byte
 	copy(last[:], p)
 	last[7] = byte(n)
-	v0, v1, v2, v3 = sipWord(v0, v1, v2, v3, binary.LittleEndian.Uint64(last[:]))
+	m := binary.LittleEndian.Uint64(last[:])
+	v3 ^= m
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0 ^= m
 	v2 ^= 0xff
 	for range 4 {
 		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)

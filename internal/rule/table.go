@@ -72,8 +72,17 @@ var deleted = &Compiled{}
 // Latest returns the current version of c's rule as far as this node has
 // applied: c itself, or the version that replaced it, or nil when the rule
 // was deleted since. Requests that loaded an older table call it so that
-// they are never judged by a superseded version. It does not allocate.
+// they are never judged by a superseded version. It does not allocate,
+// and inlines where c is current.
 func (c *Compiled) Latest() *Compiled {
+	if c.next.Load() == nil {
+		return c
+	}
+	return c.successor()
+}
+
+// successor is Latest for a replaced version.
+func (c *Compiled) successor() *Compiled {
 	for {
 		n := c.next.Load()
 		if n == nil {
