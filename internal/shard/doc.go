@@ -43,7 +43,8 @@
 //  2. an entry's mu (one entry at a time);
 //  3. the accounts' lock (pin, briefly; nothing else is taken under it).
 //
-// A decision takes only 2, and 3 when it creates a bucket or a bucket's
-// memory changes; the rule table is read through atomic pointers and
-// needs no lock.
+// A decision on an existing bucket takes only 2 (and 3 when the bucket's
+// memory changes); a new key takes 1, then 3 to be admitted, then its new
+// bucket's 2. The rule table is read through atomic pointers and needs no
+// lock.
 package shard
