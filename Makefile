@@ -72,7 +72,7 @@ FUZZ_TARGETS := \
 	./internal/bucket:FuzzInvariants ./internal/bucket:FuzzSlidingLog \
 	./internal/rule:FuzzValidate ./internal/rule:FuzzRuleJSON ./internal/rule:FuzzRequestNames \
 	./internal/rulepb:FuzzFromProto ./cmd/tokenctl:FuzzParseRules \
-	./internal/shard:FuzzParseGrant ./internal/shard:FuzzAcquire \
+	./internal/grant:FuzzParseGrant ./internal/shard:FuzzAcquire \
 	./internal/raftfsm:FuzzDecodeEntry ./internal/raftfsm:FuzzRestore
 
 .PHONY: fuzz

@@ -12,7 +12,10 @@ import (
 )
 
 // Compiled is a validated rule prepared for the data plane: bucket configs
-// built once, deny and allow lists as sets. It is immutable but for KeyCount.
+// built once, deny and allow lists as sets. Its fields are immutable once
+// compiled; only its link to the version that replaced it is set later
+// (see Latest). What a node counts per rule lives elsewhere: the buckets
+// and their bytes in internal/shard, by rule name and generation.
 type Compiled struct {
 	// Rule is the rule as stored. Do not modify it.
 	Rule *Rule
@@ -20,15 +23,9 @@ type Compiled struct {
 	Config bucket.Config
 	// MaxKeys is Rule.EffectiveMaxKeys().
 	MaxKeys int64
-	// KeyCount counts the rule's live buckets on this node. It is shared by
-	// every version of one generation, so a rule change keeps the count.
-	KeyCount *atomic.Int64
 	// Stats counts the rule's decisions on this node; it is shared by every
 	// version of the rule of that name.
 	Stats *Stats
-	// Bytes counts the memory of the rule's live buckets on this node,
-	// shared like KeyCount (internal/shard keeps it).
-	Bytes *atomic.Int64
 
 	// next is the version that replaced this one (or deleted when the
 	// rule was deleted); nil while this version is current.
@@ -39,16 +36,10 @@ type Compiled struct {
 	allow     map[string]struct{}
 }
 
-// Compile prepares r (which must be valid) for the data plane. prev, when it
-// is the same rule's previous version of the same generation, lends its
-// KeyCount.
+// Compile prepares r (which must be valid) for the data plane. prev, when
+// it is the same rule's previous version, lends its Stats.
 func Compile(r *Rule, prev *Compiled) *Compiled {
 	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys(), Stats: new(Stats)}
-	if prev != nil && prev.Rule != nil && prev.Rule.Generation == r.Generation {
-		c.KeyCount, c.Bytes = prev.KeyCount, prev.Bytes
-	} else {
-		c.KeyCount, c.Bytes = new(atomic.Int64), new(atomic.Int64)
-	}
 	if prev != nil && prev.Stats != nil {
 		c.Stats = prev.Stats
 	}
@@ -81,8 +72,17 @@ var deleted = &Compiled{}
 // Latest returns the current version of c's rule as far as this node has
 // applied: c itself, or the version that replaced it, or nil when the rule
 // was deleted since. Requests that loaded an older table call it so that
-// they are never judged by a superseded version. It does not allocate.
+// they are never judged by a superseded version. It does not allocate,
+// and inlines where c is current.
 func (c *Compiled) Latest() *Compiled {
+	if c.next.Load() == nil {
+		return c
+	}
+	return c.successor()
+}
+
+// successor is Latest for a replaced version.
+func (c *Compiled) successor() *Compiled {
 	for {
 		n := c.next.Load()
 		if n == nil {
@@ -202,8 +202,7 @@ func (t *Table) each(f func(*Compiled)) {
 
 // NewTable makes the table of rules at version v. A rule of prev at the same
 // version and generation keeps its compiled form (so a write compiles only
-// what changed); others are compiled, reusing the key counts of prev's
-// rules of the same generation. prev's versions that are replaced or gone
+// what changed); others are compiled. prev's versions that are replaced or gone
 // learn their successor (see Compiled.Latest). prev may be nil.
 func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 	t := &Table{Version: v, changed: make(chan struct{})}

@@ -434,16 +434,6 @@ func TestLeasePolicy(t *testing.T) {
 	}
 }
 
-func TestGrantIDLen(t *testing.T) {
-	g := Grant{Nonce: 1, IssuedAt: -1, Permits: 1 << 60, Sum: 1<<64 - 1}
-	if s := g.String(); len(s) != GrantIDLen || GrantIDLen != 44 {
-		t.Fatalf("grant id %q is %d long; GrantIDLen %d", s, len(s), GrantIDLen)
-	}
-	if p, err := ParseGrant(g.String()); err != nil || p != g {
-		t.Fatalf("round trip: %+v %v", p, err)
-	}
-}
-
 // TestConcurrentAcquireSweep hammers the index from several goroutines while
 // sweeps evict and the table grows: every key admits exactly its capacity
 // (a bucket is evicted only when back at its initial state, so eviction
