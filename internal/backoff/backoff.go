@@ -165,6 +165,11 @@ func (b *Backoff) After() (<-chan time.Time, func() bool) {
 	return b.clock.After(b.Next())
 }
 
+// AfterMax is After with the wait drawn by NextMax(maxD).
+func (b *Backoff) AfterMax(maxD time.Duration) (<-chan time.Time, func() bool) {
+	return b.clock.After(b.NextMax(maxD))
+}
+
 // Sleep draws the next wait and waits it. It returns false at once, without
 // waiting, when ctx's deadline would leave less than margin after the wait,
 // and false when ctx ends during it.
