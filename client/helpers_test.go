@@ -108,7 +108,7 @@ func (ts *testServer) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	if strings.Contains(info.FullMethod, "Acquire") {
 		if left := ts.notReady.Load(); left < 0 || (left > 0 && ts.notReady.CompareAndSwap(left, left-1)) {
-			st, _ := status.New(codes.Unavailable, "injected: not ready").WithDetails(&errdetails.ErrorInfo{Reason: notReadyReason})
+			st, _ := status.New(codes.Unavailable, "injected: not ready").WithDetails(&errdetails.ErrorInfo{Reason: pb.NotReadyReason})
 			return nil, st.Err()
 		}
 	}

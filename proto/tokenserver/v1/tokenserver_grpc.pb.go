@@ -50,6 +50,22 @@ const (
 //
 // TokenService is the data plane. Every node answers it; a node that does not
 // own a key forwards the call to the owner.
+//
+// Request metadata (the Go constants are in wire.go beside the generated
+// code):
+//   - `x-tokenserver-avoid`: member ids, comma-separated, that the caller
+//     could not reach. A key whose owner is among them is served by its next
+//     owner in rendezvous order among the members not named. The client SDK
+//     sets it while a node's circuit breaker is open, and for a few seconds
+//     after members left its view.
+//   - `x-tokenserver-forwarded`: set by a node that forwards a call to the
+//     key's owner; such a call is served where it lands and never forwarded
+//     again. It counts only from a peer's certificate.
+//
+// A node that cannot decide yet (no routing view, or its Raft log not
+// replayed) answers UNAVAILABLE with a google.rpc.ErrorInfo of domain
+// `tokenserver.v1` and reason `NOT_READY`: it was reached and decided
+// nothing, so the call may be retried at once, there or on another member.
 type TokenServiceClient interface {
 	// AcquireToken asks for `permits` tokens of `key` under `rule`.
 	AcquireToken(ctx context.Context, in *AcquireTokenRequest, opts ...grpc.CallOption) (*AcquireTokenResponse, error)
@@ -151,6 +167,22 @@ type TokenService_WatchClusterViewClient = grpc.ServerStreamingClient[ClusterVie
 //
 // TokenService is the data plane. Every node answers it; a node that does not
 // own a key forwards the call to the owner.
+//
+// Request metadata (the Go constants are in wire.go beside the generated
+// code):
+//   - `x-tokenserver-avoid`: member ids, comma-separated, that the caller
+//     could not reach. A key whose owner is among them is served by its next
+//     owner in rendezvous order among the members not named. The client SDK
+//     sets it while a node's circuit breaker is open, and for a few seconds
+//     after members left its view.
+//   - `x-tokenserver-forwarded`: set by a node that forwards a call to the
+//     key's owner; such a call is served where it lands and never forwarded
+//     again. It counts only from a peer's certificate.
+//
+// A node that cannot decide yet (no routing view, or its Raft log not
+// replayed) answers UNAVAILABLE with a google.rpc.ErrorInfo of domain
+// `tokenserver.v1` and reason `NOT_READY`: it was reached and decided
+// nothing, so the call may be retried at once, there or on another member.
 type TokenServiceServer interface {
 	// AcquireToken asks for `permits` tokens of `key` under `rule`.
 	AcquireToken(context.Context, *AcquireTokenRequest) (*AcquireTokenResponse, error)
@@ -376,6 +408,11 @@ const (
 // AdminService is the control plane: rules and membership. Writes go to the
 // Raft leader; a follower forwards them. Reads are current (through the
 // leader) unless `local` asks for the answering node's own copy.
+//
+// Request metadata: `x-tokenserver-principal`, set by a node that forwards a
+// write (a follower to the leader), names the caller it forwards for, so the
+// leader logs and records the write's real author. It counts only from a
+// peer's certificate.
 type AdminServiceClient interface {
 	// PutRule creates or replaces a rule. With `expected_version` set it is a
 	// compare-and-set: FAILED_PRECONDITION unless the stored version matches
@@ -553,6 +590,11 @@ type AdminService_SnapshotRestoreClient = grpc.ClientStreamingClient[SnapshotChu
 // AdminService is the control plane: rules and membership. Writes go to the
 // Raft leader; a follower forwards them. Reads are current (through the
 // leader) unless `local` asks for the answering node's own copy.
+//
+// Request metadata: `x-tokenserver-principal`, set by a node that forwards a
+// write (a follower to the leader), names the caller it forwards for, so the
+// leader logs and records the write's real author. It counts only from a
+// peer's certificate.
 type AdminServiceServer interface {
 	// PutRule creates or replaces a rule. With `expected_version` set it is a
 	// compare-and-set: FAILED_PRECONDITION unless the stored version matches
