@@ -97,15 +97,23 @@ func rateLimit(pb *rlsconf.RateLimitPolicy) *yamlRateLimit {
 }
 
 // Domain converts one RateLimitConfig into a parsed domain. file names it
-// in errors (the line numbers are those of YAML's output) and becomes its
+// in errors (a *envoyrls.ConfigError without a line) and becomes its
 // Meta.Source unless meta has one.
 func Domain(file string, rc *rlsconf.RateLimitConfig, meta envoyrls.Meta) (*envoyrls.Domain, error) {
 	b, err := YAML(rc)
 	if err != nil {
 		return nil, err
 	}
-	// The error is a *envoyrls.ConfigError naming file: context enough.
-	return envoyrls.ParseDomain(file, b, meta)
+	d, err := envoyrls.ParseDomain(file, b, meta)
+	var ce *envoyrls.ConfigError
+	if errors.As(err, &ce) {
+		// It names file: context enough. Its line is one of YAML's output,
+		// which the server's operator never sees, so it is dropped.
+		c := *ce
+		c.Line = 0
+		return nil, &c
+	}
+	return d, err
 }
 
 // Convert turns one state-of-the-world set of resources into a Config, the

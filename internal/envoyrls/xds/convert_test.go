@@ -175,7 +175,7 @@ func TestConvertRefuses(t *testing.T) {
 		want string
 	}{
 		{"empty domain", one(&rlsconf.RateLimitConfig{Name: "bad"}), `RateLimitConfig "bad": config file cannot have empty domain`},
-		{"unknown unit", one(&rlsconf.RateLimitConfig{Name: "bad", Domain: "d2", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k", RateLimit: unitless}}}), "invalid rate limit unit 'UNKNOWN'"},
+		{"unknown unit", one(&rlsconf.RateLimitConfig{Name: "bad", Domain: "d2", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k", RateLimit: unitless}}}), `RateLimitConfig "bad": invalid rate limit unit 'UNKNOWN'`},
 		{"out-of-range unit", one(&rlsconf.RateLimitConfig{Name: "bad", Domain: "d2", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k", RateLimit: rl(99, 1)}}}), "invalid rate limit unit '99'"},
 		{"unlimited with unit", one(&rlsconf.RateLimitConfig{Name: "bad", Domain: "d2", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k", RateLimit: unlimitedUnit}}}), "should not specify rate limit unit when unlimited"},
 		{"empty key", one(&rlsconf.RateLimitConfig{Name: "bad", Domain: "d2", Descriptors: []*rlsconf.RateLimitDescriptor{{Value: "v"}}}), "descriptor has empty key"},
