@@ -84,7 +84,7 @@ func New(cfg Config, apply Callback, log *slog.Logger) (*Client, error) {
 	}
 	conn, err := grpc.NewClient(cfg.Server,
 		grpc.WithTransportCredentials(creds),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: cfg.Backoff, MinConnectTimeout: 20 * time.Second}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: cfg.Backoff, MinConnectTimeout: 20 * time.Second /* gRPC's default */}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("xds: client for %s: %w", cfg.Server, err)
@@ -123,12 +123,12 @@ func (c *Client) Run(ctx context.Context) error {
 	ads := discovery.NewAggregatedDiscoveryServiceClient(c.conn)
 	attempt := 0
 	for {
-		delivered, err := c.stream(ctx, ads)
+		accepted, err := c.stream(ctx, ads)
 		c.setStatus(func(s *Status) { s.Connected = false })
 		if ctx.Err() != nil {
 			return nil
 		}
-		if delivered {
+		if accepted {
 			attempt = 0
 		}
 		wait := c.delay(attempt)
@@ -155,8 +155,10 @@ func (c *Client) delay(n int) time.Duration {
 }
 
 // stream runs one ADS stream until it fails, ctx ends, or the callback asks
-// for a retry. delivered reports whether any set was received on it.
-func (c *Client) stream(ctx context.Context, ads discovery.AggregatedDiscoveryServiceClient) (delivered bool, err error) {
+// for a retry. progress reports whether a set was accepted on it: only then
+// does the backoff start over, so a callback that keeps asking for a retry
+// is retried ever more slowly.
+func (c *Client) stream(ctx context.Context, ads discovery.AggregatedDiscoveryServiceClient) (progress bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// WaitForReady: while the server is down, wait for gRPC's own dialer
@@ -179,32 +181,31 @@ func (c *Client) stream(ctx context.Context, ads discovery.AggregatedDiscoverySe
 			if errors.Is(err, io.EOF) {
 				err = errors.New("server closed the stream")
 			}
-			return delivered, fmt.Errorf("receive: %w", err)
+			return progress, fmt.Errorf("receive: %w", err)
 		}
-		delivered = true
 		if resp.GetTypeUrl() != TypeURL {
 			// Only RateLimitConfig was asked for; a server that sends another
 			// type is answered with a NACK for it and otherwise ignored.
 			msg := fmt.Sprintf("unexpected type %q: only %s is subscribed", resp.GetTypeUrl(), TypeURL)
 			if err := st.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce(),
 				ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}}); err != nil {
-				return delivered, fmt.Errorf("send NACK: %w", err)
+				return progress, fmt.Errorf("send NACK: %w", err)
 			}
 			continue
 		}
 		version := resp.GetVersionInfo()
 		err = c.deliver(ctx, resp)
 		if err == nil {
-			accepted = version
+			accepted, progress = version, true
 			c.setStatus(func(s *Status) { s.Accepted, s.Rejected, s.RejectReason = version, "", "" })
 			c.log.Info("xds set accepted", "version", version, "resources", len(resp.GetResources()))
 			if err := st.Send(c.request(version, resp.GetNonce(), nil)); err != nil {
-				return delivered, fmt.Errorf("send ACK of version %q: %w", version, err)
+				return progress, fmt.Errorf("send ACK of version %q: %w", version, err)
 			}
 			continue
 		}
 		if ctx.Err() != nil {
-			return delivered, ctx.Err()
+			return progress, ctx.Err()
 		}
 		c.setStatus(func(s *Status) { s.Rejected, s.RejectReason = version, err.Error() })
 		c.log.Error("xds set rejected; keeping the last accepted one", "version", version, "accepted", accepted, "err", err)
@@ -213,10 +214,10 @@ func (c *Client) stream(ctx context.Context, ads discovery.AggregatedDiscoverySe
 			nack.Code = int32(codes.Unavailable)
 		}
 		if err := st.Send(c.request(accepted, resp.GetNonce(), nack)); err != nil {
-			return delivered, fmt.Errorf("send NACK of version %q: %w", version, err)
+			return progress, fmt.Errorf("send NACK of version %q: %w", version, err)
 		}
 		if errors.Is(err, ErrRetry) {
-			return delivered, fmt.Errorf("version %q: %w", version, err)
+			return progress, fmt.Errorf("version %q: %w", version, err)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	resource "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/tokenserver/tokenserver/internal/envoyrls"
 	"go.yaml.in/yaml/v3"
@@ -195,6 +196,12 @@ func TestConvertRefuses(t *testing.T) {
 				t.Errorf("error %q does not contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestTypeURL(t *testing.T) {
+	if TypeURL != resource.RateLimitConfigType {
+		t.Fatalf("TypeURL = %q, go-control-plane says %q", TypeURL, resource.RateLimitConfigType)
 	}
 }
 
