@@ -217,7 +217,26 @@ func (c *Client) stream(ctx context.Context, ads discovery.AggregatedDiscoverySe
 			return progress, fmt.Errorf("send NACK of version %q: %w", version, err)
 		}
 		if errors.Is(err, ErrRetry) {
+			endStream(st, cancel)
 			return progress, fmt.Errorf("version %q: %w", version, err)
+		}
+	}
+}
+
+// drainTimeout bounds how long endStream waits for the server to end a
+// stream after the client half-closed it.
+const drainTimeout = 5 * time.Second
+
+// endStream half-closes st and waits for the server to end it (or for
+// drainTimeout, then cancels it), so that the last request sent reaches the
+// server: cancelling at once could reset the stream before it is read.
+func endStream(st grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], cancel context.CancelFunc) {
+	_ = st.CloseSend()
+	t := time.AfterFunc(drainTimeout, cancel)
+	defer t.Stop()
+	for {
+		if _, err := st.Recv(); err != nil {
+			return
 		}
 	}
 }
