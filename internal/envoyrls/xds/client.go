@@ -184,13 +184,9 @@ func (c *Client) stream(ctx context.Context, ads discovery.AggregatedDiscoverySe
 			return progress, fmt.Errorf("receive: %w", err)
 		}
 		if resp.GetTypeUrl() != TypeURL {
-			// Only RateLimitConfig was asked for; a server that sends another
-			// type is answered with a NACK for it and otherwise ignored.
-			msg := fmt.Sprintf("unexpected type %q: only %s is subscribed", resp.GetTypeUrl(), TypeURL)
-			if err := st.Send(&discovery.DiscoveryRequest{Node: c.node, TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce(),
-				ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: msg}}); err != nil {
-				return progress, fmt.Errorf("send NACK: %w", err)
-			}
+			// Only RateLimitConfig was asked for. Not answered: on ADS any
+			// request for a type, even a NACK, would subscribe to it.
+			c.log.Warn("xds response of an unexpected type ignored", "type_url", resp.GetTypeUrl())
 			continue
 		}
 		version := resp.GetVersionInfo()
