@@ -115,3 +115,19 @@ func (s *Set) Load(rules []*Rule) error {
 	s.rules = next
 	return nil
 }
+
+// CheckExpected is the compare-and-set of Put and Delete: nil when expected
+// is nil or is old's version (0 for no rule), else ErrVersionMismatch.
+func CheckExpected(name string, old *Rule, expected *uint64) error {
+	if expected == nil {
+		return nil
+	}
+	var have uint64
+	if old != nil {
+		have = old.Version
+	}
+	if have != *expected {
+		return fmt.Errorf("rule %q is at version %d, not the expected %d: %w", name, have, *expected, ErrVersionMismatch)
+	}
+	return nil
+}
