@@ -148,13 +148,14 @@ func (c *Config) FastTimeouts() {
 	c.CommitTimeout = 20 * time.Millisecond
 }
 
-// maxRules is the rule cap a write carries.
+// maxRules is the rule cap a write carries: MaxRules, else (until
+// internal/server sets MaxRules and the global goes) the deprecated
+// process-wide rule.MaxRules, whose default is rule.DefaultMaxRules.
 func (c *Config) maxRules() int {
 	if c.MaxRules > 0 {
 		return c.MaxRules
 	}
-	//lint:ignore SA1019 until internal/server sets MaxRules
-	return rule.MaxRules() //nolint:staticcheck // the deprecated process-wide cap, until the server sets MaxRules
+	return rule.MaxRules() //nolint:staticcheck // deprecated on purpose; see above
 }
 
 // Validate reports the first problem with c, naming the field.
