@@ -6,6 +6,8 @@ BIN := bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 PROTO_SRC := proto/tokenserver/v1/tokenserver.proto
+# The Raft log and snapshot formats (messages only, no services).
+PROTO_RAFT_SRC := proto/tokenserver/raft/v1/entries.proto
 
 .PHONY: help build run test test-unit test-multiprocess vet bench figures cluster cluster-stop proto proto-check proto-tools lint clean
 
@@ -55,6 +57,9 @@ proto: proto-tools ## Regenerate the committed Go code from proto/ (needs protoc
 		--go_out=proto --go_opt=paths=source_relative \
 		--go-grpc_out=proto --go-grpc_opt=paths=source_relative,require_unimplemented_servers=true \
 		$(PROTO_SRC)
+	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
+		--go_out=proto --go_opt=paths=source_relative \
+		$(PROTO_RAFT_SRC)
 
 proto-check: ## Fail if the committed generated code is stale.
 	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
@@ -63,6 +68,9 @@ proto-check: ## Fail if the committed generated code is stale.
 		--go_out=$$tmp --go_opt=paths=source_relative \
 		--go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative,require_unimplemented_servers=true \
 		$(PROTO_SRC) && \
+	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
+		--go_out=$$tmp --go_opt=paths=source_relative \
+		$(PROTO_RAFT_SRC) && \
 	diff -ru -I '^//[[:space:]]*- protoc ' -I '^//[[:space:]]*protoc ' $$tmp/tokenserver proto/tokenserver --exclude='*.proto' --exclude='wire.go' && echo "proto: generated code is up to date (the protoc version comment aside)"
 
 # Go native fuzz targets as package:Target; `make test` runs their seed

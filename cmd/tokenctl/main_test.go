@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 )
 
@@ -28,7 +28,12 @@ func startServer(t *testing.T) string {
 	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = ""
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	n, err := server.New(cfg, server.NewStandalone("node-1", cfg.GRPCAddr, rule.NewMemStore()).Deps())
+	store, err := raftfsm.NewInmem("node-1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	n, err := server.New(cfg, server.NewStandalone("node-1", cfg.GRPCAddr, store).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,6 +124,8 @@ func FuzzValidate(f *testing.F) {
 	})
 }
 
+// TestMemStore: the store over a Set validates at its edge, numbers its
+// successful writes as versions and publishes a table per write.
 func TestMemStore(t *testing.T) {
 	ctx := context.Background()
 	s := NewMemStore()

@@ -28,12 +28,16 @@ type Store interface {
 	Table() *Table
 }
 
-// MemStore is a Store in memory: a restart loses its rules. It is safe for
-// simultaneous use by multiple goroutines.
+// MemStore is a Store in memory, without Raft: a restart loses its rules.
+// It has no rule semantics of its own: it validates a write (the edge,
+// like the Raft node's Put) and hands it to a Set, numbering writes 1, 2,
+// 3... as its versions. Tests of other packages should prefer
+// raftfsm.NewInmem, which goes through the Raft log as production does.
+// It is safe for simultaneous use by multiple goroutines.
 type MemStore struct {
 	mu      sync.Mutex // serializes writes
-	version uint64
-	rules   map[string]*Rule
+	version uint64     // of the last successful write
+	set     *Set
 	table   atomic.Pointer[Table]
 }
 
@@ -41,7 +45,7 @@ var _ Store = (*MemStore)(nil)
 
 // NewMemStore returns an empty MemStore.
 func NewMemStore() *MemStore {
-	s := &MemStore{rules: make(map[string]*Rule)}
+	s := &MemStore{set: NewSet()}
 	s.table.Store(NewTable(0, nil, nil))
 	return s
 }
@@ -55,20 +59,10 @@ func (s *MemStore) Put(_ context.Context, r *Rule, expected *uint64) (*Rule, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old := s.rules[r.Name]
-	if err := CheckExpected(r.Name, old, expected); err != nil {
-		return nil, err
-	}
-	if err := CheckRuleCount(r.Name, old != nil, len(s.rules)); err != nil {
+	if err := s.set.Put(s.version+1, r, expected, MaxRules()); err != nil { //nolint:staticcheck // the process-wide cap until internal/server stops setting it
 		return nil, err
 	}
 	s.version++
-	r.Version = s.version
-	r.Generation = s.version
-	if old != nil && old.Algorithm == r.Algorithm {
-		r.Generation = old.Generation
-	}
-	s.rules[r.Name] = r
 	s.publish(r, "")
 	return r.Clone(), nil
 }
@@ -80,31 +74,33 @@ func (s *MemStore) Delete(_ context.Context, name string, expected *uint64) erro
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old := s.rules[name]
-	if old == nil {
-		return fmt.Errorf("delete %q: %w", name, ErrNotFound)
-	}
-	if err := CheckExpected(name, old, expected); err != nil {
+	if err := s.set.Delete(name, expected); err != nil {
 		return err
 	}
 	s.version++
-	delete(s.rules, name)
 	s.publish(nil, name)
 	return nil
 }
 
-// ErrTooManyRules means a new rule would pass the cluster's rule cap
-// (SetMaxRules); the server answers ResourceExhausted.
+// ErrTooManyRules means a new rule would pass the cluster's rule cap; the
+// server answers ResourceExhausted.
 var ErrTooManyRules = errors.New("too many rules")
 
+// maxRules is the process-wide cap of SetMaxRules.
+//
+// Deprecated: it stays only while internal/server calls SetMaxRules; the
+// cap is a configuration field (raftfsm.Config.MaxRules) carried in each
+// put entry, and rule.Set takes it as an argument.
 var maxRules atomic.Int64
 
 func init() { maxRules.Store(DefaultMaxRules) }
 
-// SetMaxRules sets the most rules a cluster holds (n <= 0: DefaultMaxRules).
-// Stores check it when a write is applied, so every node of a cluster must
-// use the same value: a node with a lower one would refuse a rule the
-// others hold. It is process-wide.
+// SetMaxRules sets the process-wide rule cap that MemStore applies and that
+// a raftfsm node uses when its Config.MaxRules is 0 (n <= 0:
+// DefaultMaxRules).
+//
+// Deprecated: set raftfsm.Config.MaxRules instead; this is removed once
+// internal/server stops calling it.
 func SetMaxRules(n int) {
 	if n <= 0 {
 		n = DefaultMaxRules
@@ -113,33 +109,26 @@ func SetMaxRules(n int) {
 }
 
 // MaxRules is the cap SetMaxRules set.
+//
+// Deprecated: see SetMaxRules.
 func MaxRules() int { return int(maxRules.Load()) }
 
-// CheckRuleCount is the rule cap of Put: nil when the rule named name
-// exists already or have rules leave room for one more, else
-// ErrTooManyRules.
-func CheckRuleCount(name string, exists bool, have int) error {
-	if exists || int64(have) < maxRules.Load() {
-		return nil
-	}
-	return fmt.Errorf("rule %q would be rule %d, above the cluster's limit of %d rules (--max-rules): %w", name, have+1, maxRules.Load(), ErrTooManyRules)
+// ErrNotLeader means a write or a current read must be made on the leader;
+// the error is a *LeaderError that names it, so the caller can forward.
+var ErrNotLeader = errors.New("not the leader")
+
+// LeaderError is ErrNotLeader with the leader's id and gRPC address.
+type LeaderError struct {
+	ID       string
+	GRPCAddr string
 }
 
-// CheckExpected is the compare-and-set of Put and Delete: nil when expected
-// is nil or is old's version (0 for no rule), else ErrVersionMismatch.
-func CheckExpected(name string, old *Rule, expected *uint64) error {
-	if expected == nil {
-		return nil
-	}
-	var have uint64
-	if old != nil {
-		have = old.Version
-	}
-	if have != *expected {
-		return fmt.Errorf("rule %q is at version %d, not the expected %d: %w", name, have, *expected, ErrVersionMismatch)
-	}
-	return nil
+func (e *LeaderError) Error() string {
+	return fmt.Sprintf("not the leader: the leader is %s at %s", e.ID, e.GRPCAddr)
 }
+
+// Is makes errors.Is(err, ErrNotLeader) true.
+func (e *LeaderError) Is(target error) bool { return target == ErrNotLeader }
 
 // publish swaps in a new table with r put or the rule named del deleted;
 // s.mu is held.
@@ -172,20 +161,3 @@ func (s *MemStore) List(context.Context) ([]*Rule, error) {
 
 // Table implements Store.
 func (s *MemStore) Table() *Table { return s.table.Load() }
-
-// ErrNotLeader means a write or a current read must be made on the leader;
-// the error is a *LeaderError that names it, so the caller can forward.
-var ErrNotLeader = errors.New("not the leader")
-
-// LeaderError is ErrNotLeader with the leader's id and gRPC address.
-type LeaderError struct {
-	ID       string
-	GRPCAddr string
-}
-
-func (e *LeaderError) Error() string {
-	return fmt.Sprintf("not the leader: the leader is %s at %s", e.ID, e.GRPCAddr)
-}
-
-// Is makes errors.Is(err, ErrNotLeader) true.
-func (e *LeaderError) Is(target error) bool { return target == ErrNotLeader }

@@ -15,7 +15,7 @@ import (
 // below admitted more than the rule allows before the fix.
 
 // recreate deletes the rule of r's name and puts r again: a new generation.
-func recreate(t *testing.T, s *rule.MemStore, r *rule.Rule) {
+func recreate(t *testing.T, s rule.Store, r *rule.Rule) {
 	t.Helper()
 	if err := s.Delete(context.Background(), r.Name, nil); err != nil {
 		t.Fatal(err)
@@ -37,14 +37,14 @@ func TestSweepWithStaleTable(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
-		churn func(t *testing.T, s *rule.MemStore)
+		churn func(t *testing.T, s rule.Store)
 	}{
-		{"created during the pass", func(t *testing.T, s *rule.MemStore) {
+		{"created during the pass", func(t *testing.T, s rule.Store) {
 			if _, err := s.Put(ctx, perHour("new", 5), nil); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"re-created during the pass", func(t *testing.T, s *rule.MemStore) {
+		{"re-created during the pass", func(t *testing.T, s rule.Store) {
 			recreate(t, s, perHour("new", 5))
 		}},
 	} {

@@ -11,16 +11,22 @@ import (
 	"time"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 )
 
 const sec = int64(time.Second)
 
-// store returns a MemStore holding rules, and a function to fetch the
-// current compiled version of a rule.
-func store(t testing.TB, rules ...*rule.Rule) (*rule.MemStore, func(string) *rule.Compiled) {
+// store returns a one-node in-memory Raft store holding rules (the rule
+// semantics of production), and a function to fetch the current compiled
+// version of a rule.
+func store(t testing.TB, rules ...*rule.Rule) (rule.Store, func(string) *rule.Compiled) {
 	t.Helper()
-	s := rule.NewMemStore()
+	s, err := raftfsm.NewInmem("shard-test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
 	for _, r := range rules {
 		if _, err := s.Put(context.Background(), r, nil); err != nil {
 			t.Fatal(err)
