@@ -97,9 +97,11 @@ func (a *app) bench(cmd *cobra.Command, o loadgen.Options) (*loadgen.Result, err
 	if _, set := os.LookupEnv("GOGC"); !set {
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
 	}
+	// The load's connections do not wait or retry: a failed call counts
+	// as an error.
 	conns := make([]*grpc.ClientConn, o.Conns)
 	for i := range conns {
-		c, err := a.dial()
+		c, err := a.dialDirect()
 		if err != nil {
 			return nil, err
 		}
@@ -110,22 +112,28 @@ func (a *app) bench(cmd *cobra.Command, o loadgen.Options) (*loadgen.Result, err
 	defer cancel()
 	var rule *pb.Rule
 	if o.Mode != loadgen.ModeBare {
-		err := a.call(setup, fmt.Sprintf("bench: get rule %q", o.Rule), func(ctx context.Context) (err error) {
-			rule, err = pb.NewAdminServiceClient(conns[0]).GetRule(ctx, &pb.GetRuleRequest{Name: o.Rule})
+		c, err := a.dial()
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		err = a.call(setup, fmt.Sprintf("bench: get rule %q", o.Rule), func(ctx context.Context) (err error) {
+			rule, err = pb.NewAdminServiceClient(c).GetRule(ctx, &pb.GetRuleRequest{Name: o.Rule})
 			return err
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
-	// Connect every connection before the clock starts.
+	// Connect every connection before the clock starts, waiting for the
+	// server up to --timeout.
 	for i, c := range conns {
 		err := a.call(setup, fmt.Sprintf("bench: connect %d", i+1), func(ctx context.Context) error {
-			_, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+			_, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
 			if o.Mode != loadgen.ModeBare && status.Code(err) == codes.Unimplemented {
 				return nil
 			}
-			return err
+			return a.unreachable(c, nil, err)
 		})
 		if err != nil {
 			return nil, err
