@@ -16,6 +16,17 @@ func write(t *testing.T, name, data string) {
 	}
 }
 
+// replace writes a file by renaming a complete one over it, so that a
+// poll never reads it half written.
+func replace(t *testing.T, name, data string) {
+	t.Helper()
+	tmp := name + ".tmp"
+	write(t, tmp, data)
+	if err := os.Rename(tmp, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // recorder is a Load that keeps what it was given and refuses content
 // that starts with "bad".
 type recorder struct {
@@ -231,7 +242,7 @@ func TestPoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-r.seen // New's load
-	write(t, a, "2")
+	replace(t, a, "2")
 	select {
 	case c := <-r.seen:
 		if string(c.Files[0].Data) != "2" {
@@ -240,7 +251,7 @@ func TestPoll(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the change was not seen")
 	}
-	write(t, a, "bad")
+	replace(t, a, "bad")
 	select {
 	case err := <-errs:
 		if !strings.Contains(err.Error(), "bad content") {
