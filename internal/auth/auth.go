@@ -289,7 +289,7 @@ func (a *Authenticator) load(c filewatch.Content) error {
 		return err
 	}
 	a.tokens.Store(&t)
-	if a.watch != nil { // a reload, not the first load
+	if c.Generation > 1 { // a reload, not New's load
 		a.log.Info("auth: token file loaded", "file", a.o.TokenFile, "tokens", len(t))
 	}
 	return nil

@@ -40,6 +40,9 @@ type Content struct {
 	Files []File
 	// Digest is a SHA-256 over the paths and contents.
 	Digest [32]byte
+	// Generation is the Watcher's Generation once Load accepts this
+	// content: 1 for New's load.
+	Generation uint64
 }
 
 // Options configures a Watcher.
@@ -121,6 +124,7 @@ func (w *Watcher) Check() error {
 	if w.hasLoaded && c.Digest == w.loaded || c.Digest == w.lastFailed {
 		return nil
 	}
+	c.Generation = w.gen.Load() + 1
 	if err := w.o.Load(c); err != nil {
 		w.lastFailed = c.Digest
 		return err

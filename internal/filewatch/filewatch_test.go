@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -274,5 +275,32 @@ func TestPoll(t *testing.T) {
 	case c := <-r.seen:
 		t.Errorf("a load after Close: %q", c.Files[0].Data)
 	default:
+	}
+}
+
+// TestGeneration: Load sees the generation its content becomes.
+func TestGeneration(t *testing.T) {
+	a := filepath.Join(t.TempDir(), "a")
+	write(t, a, "1")
+	var gens []uint64
+	w, err := New(Options{Paths: []string{a}, Interval: -1, Load: func(c Content) error {
+		gens = append(gens, c.Generation)
+		if string(c.Files[0].Data) == "bad" {
+			return errors.New("bad")
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	write(t, a, "bad")
+	_ = w.Check()
+	write(t, a, "2")
+	if err := w.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{1, 2, 2}; !slices.Equal(gens, want) || w.Generation() != 2 {
+		t.Errorf("Load saw generations %v (Generation %d), want %v", gens, w.Generation(), want)
 	}
 }

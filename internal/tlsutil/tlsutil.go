@@ -227,7 +227,7 @@ func (r *Reloader) install(c filewatch.Content) error {
 		return err
 	}
 	r.cur.Store(m)
-	attrs := []any{"generation", r.generationAfterInstall()}
+	attrs := []any{"generation", c.Generation}
 	if m.cert != nil {
 		attrs = append(attrs, "cert_not_after", m.cert.Leaf.NotAfter)
 	}
@@ -236,15 +236,6 @@ func (r *Reloader) install(c filewatch.Content) error {
 	}
 	r.log.Info("tls: certificates loaded", attrs...)
 	return nil
-}
-
-// generationAfterInstall is the generation an install in progress makes:
-// the watcher counts it once install returns.
-func (r *Reloader) generationAfterInstall() uint64 {
-	if r.watch == nil {
-		return 1
-	}
-	return r.watch.Generation() + 1
 }
 
 func (r *Reloader) load(c [nFiles][]byte) (*material, error) {
