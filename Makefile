@@ -79,7 +79,7 @@ FUZZTIME ?= 30s
 FUZZ_TARGETS := \
 	./internal/bucket:FuzzInvariants ./internal/bucket:FuzzSlidingLog \
 	./internal/rule:FuzzValidate ./internal/rule:FuzzRuleJSON ./internal/rule:FuzzRequestNames \
-	./internal/rulepb:FuzzFromProto ./cmd/tokenctl:FuzzParseRules \
+	./internal/rulepb:FuzzFromProto ./internal/rulefile:FuzzParseRules \
 	./internal/grant:FuzzParseGrant ./internal/shard:FuzzAcquire \
 	./internal/raftfsm:FuzzDecodeEntry ./internal/raftfsm:FuzzRestore
 

@@ -145,46 +145,62 @@ func (c *Config) Samples() int64 {
 	return DefaultSampleCount
 }
 
-// Validate reports the first problem with c, naming the field.
+// Validate reports the first problem with c, naming the field: a
+// *FieldError.
 func (c *Config) Validate() error {
 	switch {
 	case c.Algorithm == Unspecified || c.Algorithm > Concurrency:
-		return fmt.Errorf("algorithm: %w", ErrUnknownAlgorithm)
+		return &FieldError{Field: "algorithm", Err: fmt.Errorf("algorithm: %w", ErrUnknownAlgorithm)}
 	case c.Limit <= 0:
-		return fmt.Errorf("limit must be > 0, got %d", c.Limit)
+		return &FieldError{Field: "limit", Err: fmt.Errorf("limit must be > 0, got %d", c.Limit)}
 	case c.Limit > MaxLimit:
-		return fmt.Errorf("limit %d is above the largest supported limit %d (2^53)", c.Limit, int64(MaxLimit))
+		return &FieldError{Field: "limit", Err: fmt.Errorf("limit %d is above the largest supported limit %d (2^53)", c.Limit, int64(MaxLimit))}
 	case c.Period <= 0:
-		return fmt.Errorf("period must be > 0, got %v", time.Duration(c.Period))
+		return &FieldError{Field: "period", Err: fmt.Errorf("period must be > 0, got %v", time.Duration(c.Period))}
 	case c.Period > MaxDuration:
-		return fmt.Errorf("period %v is above the longest supported duration %v (10 years)", time.Duration(c.Period), time.Duration(MaxDuration))
+		return &FieldError{Field: "period", Err: fmt.Errorf("period %v is above the longest supported duration %v (10 years)", time.Duration(c.Period), time.Duration(MaxDuration))}
 	case c.Algorithm == Concurrency && c.Period > MaxConcurrencyPeriod:
-		return fmt.Errorf("period %v is above the longest concurrency lease %v; renew leases instead", time.Duration(c.Period), time.Duration(MaxConcurrencyPeriod))
+		return &FieldError{Field: "period", Err: fmt.Errorf("period %v is above the longest concurrency lease %v; renew leases instead", time.Duration(c.Period), time.Duration(MaxConcurrencyPeriod))}
 	case c.Burst < 0:
-		return fmt.Errorf("burst must be >= 0, got %d", c.Burst)
+		return &FieldError{Field: "burst", Err: fmt.Errorf("burst must be >= 0, got %d", c.Burst)}
 	case c.Burst > MaxLimit:
-		return fmt.Errorf("burst %d is above the largest supported burst %d (2^53)", c.Burst, int64(MaxLimit))
+		return &FieldError{Field: "burst", Err: fmt.Errorf("burst %d is above the largest supported burst %d (2^53)", c.Burst, int64(MaxLimit))}
 	case c.Warmup > MaxDuration:
-		return fmt.Errorf("warmup %v is above the longest supported duration %v (10 years)", time.Duration(c.Warmup), time.Duration(MaxDuration))
+		return &FieldError{Field: "warmup", Err: fmt.Errorf("warmup %v is above the longest supported duration %v (10 years)", time.Duration(c.Warmup), time.Duration(MaxDuration))}
 	case c.SampleCount < 0 || c.SampleCount > MaxSampleCount:
-		return fmt.Errorf("sample_count must be between 1 and %d, got %d", MaxSampleCount, c.SampleCount)
+		return &FieldError{Field: "sample_count", Err: fmt.Errorf("sample_count must be between 1 and %d, got %d", MaxSampleCount, c.SampleCount)}
 	case c.Warmup < 0:
-		return fmt.Errorf("warmup must be >= 0, got %v", time.Duration(c.Warmup))
+		return &FieldError{Field: "warmup", Err: fmt.Errorf("warmup must be >= 0, got %v", time.Duration(c.Warmup))}
 	case c.Warmup > 0 && c.Algorithm != TokenBucket:
-		return fmt.Errorf("warmup applies to token-bucket only, not %s", c.Algorithm)
+		return &FieldError{Field: "warmup", Err: fmt.Errorf("warmup applies to token-bucket only, not %s", c.Algorithm)}
 	case c.Algorithm == SlidingWindow && c.Period%c.Samples() != 0:
-		return fmt.Errorf("sample_count %d must divide the period %v", c.Samples(), time.Duration(c.Period))
+		return &FieldError{Field: "sample_count", Err: fmt.Errorf("sample_count %d must divide the period %v", c.Samples(), time.Duration(c.Period))}
 	case c.Algorithm == SlidingWindow && c.Period/c.Samples() < int64(time.Microsecond):
-		return fmt.Errorf("period %v / sample_count %d is under 1µs", time.Duration(c.Period), c.Samples())
+		return &FieldError{Field: "sample_count", Err: fmt.Errorf("period %v / sample_count %d is under 1µs", time.Duration(c.Period), c.Samples())}
 	case c.Algorithm == SlidingLog && c.Limit > MaxLogLimit:
-		return fmt.Errorf("limit %d is above the sliding-log cap of %d", c.Limit, MaxLogLimit)
+		return &FieldError{Field: "limit", Err: fmt.Errorf("limit %d is above the sliding-log cap of %d", c.Limit, MaxLogLimit)}
 	case c.Algorithm == Concurrency && c.Limit > MaxConcurrencyLimit:
-		return fmt.Errorf("limit %d is above the concurrency cap of %d", c.Limit, MaxConcurrencyLimit)
+		return &FieldError{Field: "limit", Err: fmt.Errorf("limit %d is above the concurrency cap of %d", c.Limit, MaxConcurrencyLimit)}
 	case c.Algorithm == LeakyBucket && c.Period/c.Limit < 1:
-		return fmt.Errorf("limit %d per period %v is above one permit per nanosecond", c.Limit, time.Duration(c.Period))
+		return &FieldError{Field: "limit", Err: fmt.Errorf("limit %d per period %v is above one permit per nanosecond", c.Limit, time.Duration(c.Period))}
 	}
 	return nil
 }
+
+// FieldError is a Validate error about one field of a Config. Its message
+// is Err's, which names the field.
+type FieldError struct {
+	// Field is the field as tokenserver.v1.Rule names it: algorithm,
+	// limit, period, burst, sample_count or warmup.
+	Field string
+	// Err says what is wrong.
+	Err error
+}
+
+func (e *FieldError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
 
 // Errors of Validate and of requests.
 var (
