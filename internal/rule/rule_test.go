@@ -123,7 +123,6 @@ func FuzzValidate(f *testing.F) {
 	})
 }
 
-
 func TestConfigForOverride(t *testing.T) {
 	r := valid()
 	r.Overrides = []Override{{Key: "vip", Limit: 100}, {Key: "big", Limit: 5, Burst: 50}}

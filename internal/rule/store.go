@@ -47,4 +47,3 @@ func (e *LeaderError) Error() string {
 
 // Is makes errors.Is(err, ErrNotLeader) true.
 func (e *LeaderError) Is(target error) bool { return target == ErrNotLeader }
-
