@@ -82,3 +82,34 @@ func (b *leakyBucket) Reconfigure(_, cfg *Config, now int64) {
 func (b *leakyBucket) Idle(_ *Config, now int64) bool {
 	return b.next <= max(now, b.last)
 }
+
+// Commit implements Bucket.
+func (b *leakyBucket) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
+	return commit(b, c, now, g, used)
+}
+
+// Debit implements Bucket.
+func (b *leakyBucket) Debit(c *Config, now int64, n int64) (CommitResult, error) {
+	return debit(b, c, now, n)
+}
+
+// charge queues n more slots after the last one (or now).
+func (b *leakyBucket) charge(c *Config, now, n int64) {
+	now = max(now, b.last)
+	b.last = now
+	b.next = addSat(max(b.next, now), mulSat(n, c.Period/c.Limit))
+}
+
+func (b *leakyBucket) owed(c *Config, now int64) CommitResult {
+	now = max(now, b.last)
+	b.last = now
+	var res CommitResult
+	if ahead := b.next - now; ahead > 0 {
+		interval := c.Period / c.Limit
+		res.RetryAfter = ahead
+		res.Debt = (ahead-1)/interval + 1
+	} else {
+		res.Remaining = c.Capacity()
+	}
+	return res
+}
