@@ -341,6 +341,7 @@ func (b *tokenBucket) owed(c *Config, now int64) CommitResult {
 	var res CommitResult
 	if c.Warmup > 0 {
 		now = max(now, b.last)
+		b.last = now
 		if ahead := b.next - now; ahead > 0 {
 			res.RetryAfter = ahead
 			res.Debt = ceilNs(float64(ahead)/warmupOf(c).stable - 1e-6)
