@@ -202,12 +202,32 @@ func (f *fixedWindow) Idle(c *Config, now int64) bool {
 
 // Commit implements Bucket.
 func (f *fixedWindow) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
-	return commit(f, c, now, g, used)
+	giveBack, charge, err := split(g, used)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	var returned int64
+	if giveBack > 0 {
+		returned = f.Refill(c, now, g, giveBack)
+	} else if charge > 0 {
+		f.charge(c, now, charge)
+	}
+	res := f.owed(c, now)
+	res.Returned, res.Debited = returned, charge
+	return res, nil
 }
 
 // Debit implements Bucket.
 func (f *fixedWindow) Debit(c *Config, now int64, n int64) (CommitResult, error) {
-	return debit(f, c, now, n)
+	if n < 0 {
+		return CommitResult{}, negativeUsage("debit", n)
+	}
+	if n > 0 {
+		f.charge(c, now, n)
+	}
+	res := f.owed(c, now)
+	res.Debited = n
+	return res, nil
 }
 
 func (f *fixedWindow) charge(c *Config, now, n int64) {

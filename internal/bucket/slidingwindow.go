@@ -237,12 +237,32 @@ func (s *slidingWindow) Idle(c *Config, now int64) bool {
 
 // Commit implements Bucket.
 func (s *slidingWindow) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
-	return commit(s, c, now, g, used)
+	giveBack, charge, err := split(g, used)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	var returned int64
+	if giveBack > 0 {
+		returned = s.Refill(c, now, g, giveBack)
+	} else if charge > 0 {
+		s.charge(c, now, charge)
+	}
+	res := s.owed(c, now)
+	res.Returned, res.Debited = returned, charge
+	return res, nil
 }
 
 // Debit implements Bucket.
 func (s *slidingWindow) Debit(c *Config, now int64, n int64) (CommitResult, error) {
-	return debit(s, c, now, n)
+	if n < 0 {
+		return CommitResult{}, negativeUsage("debit", n)
+	}
+	if n > 0 {
+		s.charge(c, now, n)
+	}
+	res := s.owed(c, now)
+	res.Debited = n
+	return res, nil
 }
 
 // charge fills the current sub-window up to Limit in all; the rest is debt.

@@ -312,12 +312,32 @@ func (b *tokenBucket) refillWarm(c *Config, now int64, g Grant, k int64) int64 {
 
 // Commit implements Bucket.
 func (b *tokenBucket) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
-	return commit(b, c, now, g, used)
+	giveBack, charge, err := split(g, used)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	var returned int64
+	if giveBack > 0 {
+		returned = b.Refill(c, now, g, giveBack)
+	} else if charge > 0 {
+		b.charge(c, now, charge)
+	}
+	res := b.owed(c, now)
+	res.Returned, res.Debited = returned, charge
+	return res, nil
 }
 
 // Debit implements Bucket.
 func (b *tokenBucket) Debit(c *Config, now int64, n int64) (CommitResult, error) {
-	return debit(b, c, now, n)
+	if n < 0 {
+		return CommitResult{}, negativeUsage("debit", n)
+	}
+	if n > 0 {
+		b.charge(c, now, n)
+	}
+	res := b.owed(c, now)
+	res.Debited = n
+	return res, nil
 }
 
 // charge takes n tokens even below zero; with warm-up it pushes the next
