@@ -69,29 +69,49 @@ func (f *fixedWindow) carry(c *Config, k int64) {
 }
 
 // advance moves to the window of now (clamped to the latest now seen),
-// carrying debt, and returns the effective now.
+// carrying debt, and returns the effective now. A window change is out of
+// line, so that the common case inlines.
 func (f *fixedWindow) advance(c *Config, now int64) int64 {
 	now = max(now, f.last)
 	f.last = now
-	if c.Calendar != CalendarNone {
-		if now >= f.window {
-			cur := calIndex(c, f.window-1)
-			i, end := calWindow(c, now, cur+1)
-			f.carry(c, i-cur)
-			f.window = end
-		}
-		return now
-	}
-	if w := floorDiv(now, c.Period); w != f.window {
-		f.carry(c, max(1, w-f.window))
-		f.window = w
+	if !f.holds(c, now) {
+		f.roll(c, now)
 	}
 	return now
 }
 
+// holds reports whether now is in the current window.
+func (f *fixedWindow) holds(c *Config, now int64) bool {
+	if c.Calendar != CalendarNone {
+		return now < f.window
+	}
+	return floorDiv(now, c.Period) == f.window
+}
+
+// roll moves to the window of now, past the current one.
+//
+//go:noinline
+func (f *fixedWindow) roll(c *Config, now int64) {
+	if c.Calendar != CalendarNone {
+		cur := calIndex(c, f.window-1)
+		i, end := calWindow(c, now, cur+1)
+		f.carry(c, i-cur)
+		f.window = end
+		return
+	}
+	w := floorDiv(now, c.Period)
+	f.carry(c, max(1, w-f.window))
+	f.window = w
+}
+
 // Acquire implements Bucket.
 func (f *fixedWindow) Acquire(c *Config, now int64, r Request) Result {
-	now = f.advance(c, now)
+	// advance, by hand: it does not inline, and this is the hot path.
+	now = max(now, f.last)
+	f.last = now
+	if !f.holds(c, now) {
+		f.roll(c, now)
+	}
 	n := r.Permits
 	free := c.Limit - f.held()
 	switch {
@@ -125,11 +145,11 @@ func (f *fixedWindow) until(c *Config, now, excess int64) int64 {
 // boundary is the end of the j-th window (j >= 1) counting the current
 // one as the first.
 func (f *fixedWindow) boundary(c *Config, now, j int64) int64 {
+	if j == 1 {
+		return f.end(c)
+	}
 	if c.Calendar == CalendarNone {
 		return addSat(mulSat(f.window, c.Period), mulSat(j, c.Period))
-	}
-	if j == 1 {
-		return f.window
 	}
 	if j > calMaxWindows(c) {
 		return addSat(now, maxDur)
@@ -138,10 +158,29 @@ func (f *fixedWindow) boundary(c *Config, now, j int64) int64 {
 }
 
 func (f *fixedWindow) result(c *Config, now int64, res Result) Result {
-	res.Remaining = max(0, c.Limit-f.held())
-	if f.count != 0 {
-		res.ResetAfter = f.until(c, now, f.held())
+	if f.count < 0 {
+		return f.resultOwing(c, now, res)
 	}
+	res.Remaining = max(0, c.Limit-f.count)
+	if f.count > 0 {
+		res.ResetAfter = f.end(c) - now
+	}
+	return res
+}
+
+// end is when the current window ends.
+func (f *fixedWindow) end(c *Config) int64 {
+	if c.Calendar != CalendarNone {
+		return f.window
+	}
+	return addSat(mulSat(f.window, c.Period), c.Period)
+}
+
+// resultOwing is result while there is debt.
+//
+//go:noinline
+func (f *fixedWindow) resultOwing(c *Config, now int64, res Result) Result {
+	res.ResetAfter = f.until(c, now, -f.count)
 	return res
 }
 

@@ -43,15 +43,19 @@ func (s *slidingWindow) advance(c *Config, now int64) (int64, int64, int64, int6
 	k := c.Samples()
 	w := c.Period / k
 	now = max(now, s.last)
-	head := floorDiv(s.last, w)
+	cur := floorDiv(now, w)
+	head := cur // the sub-window of last: now's, unless last is before it
+	if s.last < cur*w {
+		head = floorDiv(s.last, w)
+	}
 	s.last = now
 	if int64(len(s.counts)) != k { // Reconfigure was skipped; start over
 		debt, total := s.debt, s.total
 		*s = *newSlidingWindow(c, now)
 		s.debt = addSat(debt, total)
-		s.settle(c, k, floorDiv(now, w))
+		s.settle(c, k, cur)
+		head = cur
 	}
-	cur := floorDiv(now, w)
 	if cur <= head {
 		return now, cur, w, k
 	}
@@ -122,11 +126,11 @@ func (s *slidingWindow) until(c *Config, now, head, w, k, need int64) int64 {
 // Acquire implements Bucket.
 func (s *slidingWindow) Acquire(c *Config, now int64, r Request) Result {
 	now, head, w, k := s.advance(c, now)
+	if s.debt > 0 {
+		return s.owing(c, now, head, w, k, r)
+	}
 	n := r.Permits
 	free := c.Limit - s.total
-	if s.debt > 0 {
-		free = 0
-	}
 	slot := floorMod(head, k)
 	switch {
 	case max(n, 1) <= free:
@@ -144,15 +148,37 @@ func (s *slidingWindow) Acquire(c *Config, now int64, r Request) Result {
 	if r.Partial {
 		need = 1
 	}
-	return s.result(now, head, w, k, c, Result{RetryAfter: s.until(c, now, head, w, k, need)})
+	// Walk from the oldest sub-window until enough has left the count.
+	excess := s.total + need - c.Limit
+	var freed int64
+	for i := head - k + 1; i <= head; i++ {
+		freed += s.counts[floorMod(i, k)]
+		if freed >= excess {
+			return s.result(now, head, w, k, c, Result{RetryAfter: (i+k)*w - now})
+		}
+	}
+	return s.result(now, head, w, k, c, Result{}) // unreachable while total <= Limit
 }
 
+// owing is Acquire while there is debt: denied, until the debt and then
+// enough of the window have left the count.
+func (s *slidingWindow) owing(c *Config, now, head, w, k int64, r Request) Result {
+	res := Result{ResetAfter: min(maxDur, (s.leaves(head, k, s.debt+s.total)+k)*w-now)}
+	if r.Permits > c.Limit && !r.Partial {
+		return res // can never be granted
+	}
+	need := max(r.Permits, 1)
+	if r.Partial {
+		need = 1
+	}
+	res.RetryAfter = s.until(c, now, head, w, k, need)
+	return res
+}
+
+// result fills in Remaining and ResetAfter while there is no debt.
 func (s *slidingWindow) result(now, head, w, k int64, c *Config, res Result) Result {
 	res.Remaining = max(0, c.Limit-s.total)
-	if s.debt > 0 {
-		res.Remaining = 0
-		res.ResetAfter = min(maxDur, (s.leaves(head, k, s.debt+s.total)+k)*w-now)
-	} else if s.total > 0 {
+	if s.total > 0 {
 		for i := head; i > head-k; i-- {
 			if s.counts[floorMod(i, k)] != 0 {
 				res.ResetAfter = (i+k)*w - now
