@@ -196,6 +196,11 @@ func (f *fixedWindow) current(c *Config, t int64) bool {
 // at most min(permits, g.Permits, count).
 func (f *fixedWindow) Refill(c *Config, now int64, g Grant, permits int64) int64 {
 	f.advance(c, now)
+	return f.giveBack(c, g, permits)
+}
+
+// giveBack is Refill once in the window of now.
+func (f *fixedWindow) giveBack(c *Config, g Grant, permits int64) int64 {
 	if !f.current(c, g.IssuedAt) {
 		return 0
 	}
@@ -239,19 +244,20 @@ func (f *fixedWindow) Idle(c *Config, now int64) bool {
 	return x.count == 0
 }
 
-// Commit implements Bucket.
+// Commit implements Bucket: Refill, charge and owed with one advance.
 func (f *fixedWindow) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
 	giveBack, charge, err := split(g, used)
 	if err != nil {
 		return CommitResult{}, err
 	}
+	now = f.advance(c, now)
 	var returned int64
 	if giveBack > 0 {
-		returned = f.Refill(c, now, g, giveBack)
+		returned = f.giveBack(c, g, giveBack)
 	} else if charge > 0 {
-		f.charge(c, now, charge)
+		f.owe(c, addSat(f.held(), charge))
 	}
-	res := f.owed(c, now)
+	res := f.answer(c, now)
 	res.Returned, res.Debited = returned, charge
 	return res, nil
 }
@@ -261,21 +267,15 @@ func (f *fixedWindow) Debit(c *Config, now int64, n int64) (CommitResult, error)
 	if n < 0 {
 		return CommitResult{}, negativeUsage("debit", n)
 	}
-	if n > 0 {
-		f.charge(c, now, n)
-	}
-	res := f.owed(c, now)
+	now = f.advance(c, now)
+	f.owe(c, addSat(f.held(), n))
+	res := f.answer(c, now)
 	res.Debited = n
 	return res, nil
 }
 
-func (f *fixedWindow) charge(c *Config, now, n int64) {
-	f.advance(c, now)
-	f.owe(c, addSat(f.held(), n))
-}
-
-func (f *fixedWindow) owed(c *Config, now int64) CommitResult {
-	now = f.advance(c, now)
+// answer is a CommitResult in the window of now.
+func (f *fixedWindow) answer(c *Config, now int64) CommitResult {
 	res := CommitResult{Remaining: max(0, c.Limit-f.held())}
 	if f.count < 0 {
 		res.Debt = -f.count - c.Limit

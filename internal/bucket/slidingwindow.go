@@ -195,6 +195,11 @@ func (s *slidingWindow) result(now, head, w, k int64, c *Config, res Result) Res
 // instead.
 func (s *slidingWindow) Refill(c *Config, now int64, g Grant, permits int64) int64 {
 	_, head, w, k := s.advance(c, now)
+	return s.giveBack(head, w, k, g, permits)
+}
+
+// giveBack is Refill once the ring is at head.
+func (s *slidingWindow) giveBack(head, w, k int64, g Grant, permits int64) int64 {
 	i := floorDiv(g.IssuedAt, w)
 	if i > head || i <= head-k {
 		return 0
@@ -261,20 +266,22 @@ func (s *slidingWindow) Idle(c *Config, now int64) bool {
 	return true
 }
 
-// Commit implements Bucket.
+// Commit implements Bucket: Refill, charge and owed with one advance.
 func (s *slidingWindow) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
 	giveBack, charge, err := split(g, used)
 	if err != nil {
 		return CommitResult{}, err
 	}
+	now, head, w, k := s.advance(c, now)
 	var returned int64
 	if giveBack > 0 {
-		returned = s.Refill(c, now, g, giveBack)
+		returned = s.giveBack(head, w, k, g, giveBack)
 	} else if charge > 0 {
-		s.charge(c, now, charge)
+		s.debt = addSat(s.debt, charge)
+		s.settle(c, k, head)
 	}
-	res := s.owed(c, now)
-	res.Returned, res.Debited = returned, charge
+	res := CommitResult{Returned: returned, Debited: charge}
+	s.answer(&res, c, now, head, w, k)
 	return res, nil
 }
 
@@ -283,29 +290,23 @@ func (s *slidingWindow) Debit(c *Config, now int64, n int64) (CommitResult, erro
 	if n < 0 {
 		return CommitResult{}, negativeUsage("debit", n)
 	}
-	if n > 0 {
-		s.charge(c, now, n)
-	}
-	res := s.owed(c, now)
-	res.Debited = n
+	now, head, w, k := s.advance(c, now)
+	s.debt = addSat(s.debt, n)
+	s.settle(c, k, head)
+	res := CommitResult{Debited: n}
+	s.answer(&res, c, now, head, w, k)
 	return res, nil
 }
 
-// charge fills the current sub-window up to Limit in all; the rest is debt.
-func (s *slidingWindow) charge(c *Config, now, n int64) {
-	_, head, _, k := s.advance(c, now)
-	s.debt = addSat(s.debt, n)
-	s.settle(c, k, head)
-}
-
-func (s *slidingWindow) owed(c *Config, now int64) CommitResult {
-	now, head, w, k := s.advance(c, now)
-	res := CommitResult{Remaining: max(0, c.Limit-s.total), Debt: s.debt}
-	if s.debt > 0 {
-		res.Remaining = 0
-	}
-	if s.debt > 0 || s.total+1 > c.Limit {
+// answer fills in res's state for the ring at head.
+func (s *slidingWindow) answer(res *CommitResult, c *Config, now, head, w, k int64) {
+	res.Debt = s.debt
+	switch {
+	case s.debt > 0:
+		res.RetryAfter = s.until(c, now, head, w, k, 1)
+	case s.total < c.Limit:
+		res.Remaining = c.Limit - s.total
+	default:
 		res.RetryAfter = s.until(c, now, head, w, k, 1)
 	}
-	return res
 }
