@@ -107,7 +107,7 @@ func (b *leakyBucket) Commit(c *Config, now int64, g Grant, used int64) (CommitR
 			res.Returned = j
 		}
 	} else if charge > 0 { // as charge
-		b.next = addSat(max(b.next, now), mulSat(charge, interval))
+		b.next = min(addSat(max(b.next, now), mulSat(charge, interval)), addSat(now, maxDur))
 		res.Debited = charge
 	}
 	if ahead := b.next - now; ahead > 0 { // as owed
@@ -139,7 +139,7 @@ func (b *leakyBucket) Debit(c *Config, now int64, n int64) (CommitResult, error)
 func (b *leakyBucket) charge(c *Config, now, n int64) {
 	now = max(now, b.last)
 	b.last = now
-	b.next = addSat(max(b.next, now), mulSat(n, c.Period/c.Limit))
+	b.next = min(addSat(max(b.next, now), mulSat(n, c.Period/c.Limit)), addSat(now, maxDur))
 }
 
 func (b *leakyBucket) owed(c *Config, now int64) CommitResult {

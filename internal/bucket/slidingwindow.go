@@ -23,7 +23,7 @@ package bucket
 // leaves the count is charged again, up to the debt, in the sub-window that
 // replaces it (the same slot of the ring), so the window stays full and the
 // debt shrinks by what leaves: Limit per Period. Since the ring then
-// repeats itself, how long the debt lasts has a closed form (leaves).
+// repeats itself, how long the debt lasts has a closed form (leaveIn).
 type slidingWindow struct {
 	counts []int64 // counts[i mod K] is sub-window i, for i in (head-K, head], head = floor(last/w)
 	debt   int64   // permits charged that did not fit in the window
@@ -93,34 +93,36 @@ func (s *slidingWindow) settle(c *Config, k, head int64) {
 	}
 }
 
-// leaves returns the sub-window at whose leaving (at (i+K)*w) the permits
-// that left the count since head reach target (> 0), counting rotations
-// of the ring while debt is charged again: it is then as if the ring
-// repeated itself, each rotation taking total away.
-func (s *slidingWindow) leaves(head, k, target int64) int64 {
+// leaveIn returns how long from now until the permits that left the count
+// since head reach target (> 0), counting rotations of the ring while debt
+// is charged again: it is then as if the ring repeated itself, each
+// rotation taking total away. It saturates at maxDur.
+func (s *slidingWindow) leaveIn(now, head, w, k, target int64) int64 {
 	var q int64
 	if s.debt > 0 && s.total > 0 && target > s.total {
 		q = (target - 1) / s.total
+		if q > maxDur/(k*w) {
+			return maxDur
+		}
 		target -= q * s.total
 	}
 	var freed int64
 	for i := head - k + 1; i <= head; i++ {
 		freed += s.counts[floorMod(i, k)]
 		if freed >= target {
-			return i + q*k
+			return min(maxDur, (i+q*k+k)*w-now)
 		}
 	}
-	return head // unreachable: target <= total without debt
+	return 0 // unreachable: target <= total without debt
 }
 
 // until is how long from now until a request of need permits fits.
 func (s *slidingWindow) until(c *Config, now, head, w, k, need int64) int64 {
 	target := s.total + need - c.Limit
 	if s.debt > 0 {
-		target = s.debt + max(0, target)
+		target = addSat(s.debt, max(0, target))
 	}
-	i := s.leaves(head, k, target)
-	return min(maxDur, (i+k)*w-now)
+	return s.leaveIn(now, head, w, k, target)
 }
 
 // Acquire implements Bucket.
@@ -163,7 +165,7 @@ func (s *slidingWindow) Acquire(c *Config, now int64, r Request) Result {
 // owing is Acquire while there is debt: denied, until the debt and then
 // enough of the window have left the count.
 func (s *slidingWindow) owing(c *Config, now, head, w, k int64, r Request) Result {
-	res := Result{ResetAfter: min(maxDur, (s.leaves(head, k, s.debt+s.total)+k)*w-now)}
+	res := Result{ResetAfter: s.leaveIn(now, head, w, k, addSat(s.debt, s.total))}
 	if r.Permits > c.Limit && !r.Partial {
 		return res // can never be granted
 	}
@@ -254,10 +256,10 @@ func (s *slidingWindow) Idle(c *Config, now int64) bool {
 	}
 	w := c.Period / k
 	head := floorDiv(s.last, w)
-	cur := floorDiv(max(now, s.last), w)
 	if s.debt > 0 {
-		return cur >= s.leaves(head, k, s.debt+s.total)+k
+		return max(now, s.last)-s.last >= s.leaveIn(s.last, head, w, k, addSat(s.debt, s.total))
 	}
+	cur := floorDiv(max(now, s.last), w)
 	for i := max(head-k+1, cur-k+1); i <= head; i++ {
 		if s.counts[floorMod(i, k)] != 0 {
 			return false

@@ -284,7 +284,7 @@ func (b *tokenBucket) resultWarm(c *Config, w warmup, now int64, res Result) Res
 			return s+float64(x)/w.coolDown >= w.maxPermits
 		})
 	}
-	res.ResetAfter = d
+	res.ResetAfter = min(d, maxDur) // past maxDur only with absurd debt
 	return res
 }
 
@@ -349,7 +349,7 @@ func (b *tokenBucket) charge(c *Config, now, n int64) {
 		w := warmupOf(c)
 		b.resync(w, now)
 		fn := float64(n)
-		b.next = addSat(max(b.next, now), ceilNs(w.cost(b.tokens, fn)-1e-6))
+		b.next = min(addSat(max(b.next, now), ceilNs(w.cost(b.tokens, fn)-1e-6)), addSat(now, maxDur))
 		b.tokens = max(0, b.tokens-fn)
 		return
 	}
