@@ -42,6 +42,11 @@
 //   - SlidingLog and Concurrency refuse with ErrNoCommit: a log holds at
 //     most Limit entries and a lease has no cost.
 //
+// Debt survives eviction (Idle is false while anything is owed) and
+// Reconfigure, with two exceptions: a leaky bucket's queue, debt included,
+// is cut to one full request of the new configuration, and turning a token
+// bucket's warm-up on or off restarts it, as they always did.
+//
 // While a key owes, every plain acquire is denied; a shaping request
 // (MaxWait, token and leaky buckets) is granted only behind the debt, with
 // WaitBefore covering its repayment, as Guava's reservations queue.
@@ -325,8 +330,9 @@ type Result struct {
 	WaitBefore int64
 }
 
-// Grant describes an earlier grant being given back; the caller keeps it
-// (internal/shard encodes it into the grant id).
+// Grant describes an earlier grant being given back or committed; the
+// caller keeps it (internal/shard encodes it into the grant id). For
+// Commit, Permits is the reservation.
 type Grant struct {
 	// IssuedAt is the `now` of the Acquire that made the grant.
 	IssuedAt int64
