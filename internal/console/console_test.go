@@ -461,6 +461,7 @@ func TestEveryPageRendersWithoutTokenOrExternalURL(t *testing.T) {
 	c := newTestConsole(t, fakeFullBackend{newFakeBackend(newFakeClock())}, Options{})
 	c.login(editorToken)
 	external := regexp.MustCompile(`(?i)(src|href)="(https?:)?//`)
+	live := regexp.MustCompile(`data-(?:api|refresh)="([^"]+)"`)
 	for _, p := range []string{"/ui/", "/ui/rules", "/ui/rules/api", "/ui/rules/api/edit", "/ui/new-rule", "/ui/rules/api/diff?from=1&to=1",
 		"/ui/rules/api/rollback?to=1", "/ui/overrides", "/ui/envoy", "/ui/part/members", "/ui/part/rules/api/top", "/ui/login"} {
 		r := c.get(p)
@@ -469,6 +470,12 @@ func TestEveryPageRendersWithoutTokenOrExternalURL(t *testing.T) {
 		}
 		if external.MatchString(r.body) {
 			t.Fatalf("%s loads something from another host", p)
+		}
+		for _, m := range live.FindAllStringSubmatch(r.body, -1) {
+			u := strings.ReplaceAll(m[1], "&amp;", "&")
+			if got := c.get(u); got.code != http.StatusOK {
+				t.Fatalf("%s polls %s, which answers %d", p, u, got.code)
+			}
 		}
 	}
 	wantStatus(t, "unknown rule", c.get("/ui/rules/nope"), http.StatusNotFound, `rule &#34;nope&#34; not found`)

@@ -65,6 +65,8 @@ func newRenderer() *renderer {
 		"dur":     func(d time.Duration) string { return d.String() },
 		"when":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 		"ruleURL": ruleURL,
+		"ruleAPI": func(name string) string { return "/ui/api/rules/" + url.PathEscape(name) },
+		"rulePart": func(name string) string { return "/ui/part/rules/" + url.PathEscape(name) },
 		"join":    strings.Join,
 		"add":     func(a, b int) int { return a + b },
 		"top": func(kind string, keys []TopKey, err, window string) topTable {

@@ -87,7 +87,9 @@
     readyParts++;
     var first = true;
     every(Number(table.dataset.interval) || 5000, function () {
+      var t0 = performance.now();
       return getJSON(table.dataset.api).then(function (body) {
+        if (first) { window.consoleFetchMs = performance.now() - t0; }
         body.rules.forEach(function (r) {
           var tr = rows[r.name];
           if (!tr) { return; }
@@ -138,6 +140,7 @@
   }
 
   function start() {
+    window.consoleStartAt = performance.now();
     readyParts++;
     refreshers();
     var rules = document.getElementById("rules");
