@@ -304,7 +304,7 @@ func TestBrowserRulesPageLoad(t *testing.T) {
 		b.open("/ui/rules")
 		type timings struct {
 			Response, Start, DOM, Fetch, Ready float64
-			Rows, Sparks         int
+			Rows, Sparks                       int
 		}
 		m := get(b, "timings", chromedp.Evaluate[timings](`(() => { const n = performance.getEntriesByType("navigation")[0];
 			return {Response: n.responseEnd - n.startTime, Start: window.consoleStartAt - n.startTime, Fetch: window.consoleFetchMs, DOM: n.domContentLoadedEventEnd - n.startTime, Ready: window.consoleReadyAt - n.startTime,

@@ -58,17 +58,17 @@ func newRenderer() *renderer {
 		panic(fmt.Sprintf("console: hashing embedded assets: %v", err))
 	}
 	funcs := template.FuncMap{
-		"asset":   rd.assetURL,
-		"pct":     formatPct,
-		"rate":    formatRate,
-		"bytes":   formatBytes,
-		"dur":     func(d time.Duration) string { return d.String() },
-		"when":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
-		"ruleURL": ruleURL,
-		"ruleAPI": func(name string) string { return "/ui/api/rules/" + url.PathEscape(name) },
+		"asset":    rd.assetURL,
+		"pct":      formatPct,
+		"rate":     formatRate,
+		"bytes":    formatBytes,
+		"dur":      func(d time.Duration) string { return d.String() },
+		"when":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+		"ruleURL":  ruleURL,
+		"ruleAPI":  func(name string) string { return "/ui/api/rules/" + url.PathEscape(name) },
 		"rulePart": func(name string) string { return "/ui/part/rules/" + url.PathEscape(name) },
-		"join":    strings.Join,
-		"add":     func(a, b int) int { return a + b },
+		"join":     strings.Join,
+		"add":      func(a, b int) int { return a + b },
 		"top": func(kind string, keys []TopKey, err, window string) topTable {
 			return topTable{Kind: kind, Keys: keys, Err: err, Window: window}
 		},
