@@ -224,6 +224,8 @@ func TestBrowserViewer(t *testing.T) {
 	}
 	b.shot("rule")
 	b.run("dark", colorScheme("dark"))
+	get(b, "chart in dark colours", chromedp.Poll[chromedp.Void](`document.getElementById("chart").dataset.scheme === "dark"`,
+		chromedp.WithPollingTimeout(actionTimeout)))
 	b.shot("rule-dark")
 	b.run("light", colorScheme("light"))
 

@@ -106,6 +106,11 @@
   // Rule page: a live chart of the last five minutes, one poll a second.
   function ruleChart(el) {
     var now = document.getElementById("chart-now"), u = null;
+    var dark = window.matchMedia("(prefers-color-scheme: dark)");
+    // The chart's colours are fixed when it is made: remake it when the
+    // colour scheme changes.
+    dark.addEventListener("change", function () { if (u) { u.destroy(); u = null; } });
+    window.addEventListener("resize", function () { if (u) { u.setSize(size()); } });
     readyParts++;
     var first = true;
     function size() { return { width: Math.max(300, el.clientWidth), height: 260 }; }
@@ -121,7 +126,7 @@
               { label: "shadow-denied/s", stroke: color("--warn"), width: 1, dash: [4, 4] }],
             axes: [{ stroke: color("--fg"), grid: { stroke: color("--grid") } }, { stroke: color("--fg"), grid: { stroke: color("--grid") } }]
           }, data, el);
-          window.addEventListener("resize", function () { u.setSize(size()); });
+          el.dataset.scheme = dark.matches ? "dark" : "light";
         } else {
           u.setData(data);
         }
