@@ -28,7 +28,7 @@ const (
 // tclient is a browser stand-in: a cookie jar, no automatic redirects, and
 // a check that no token ever shows in a page, a URL or a redirect.
 type tclient struct {
-	t    *testing.T
+	t    testing.TB
 	srv  *httptest.Server
 	http *http.Client
 }
@@ -47,7 +47,7 @@ func newTestConsole(t *testing.T, b Backend, opts Options) *tclient {
 	return newTClient(t, srv)
 }
 
-func newTClient(t *testing.T, srv *httptest.Server) *tclient {
+func newTClient(t testing.TB, srv *httptest.Server) *tclient {
 	jar, err := cookiejar.New(nil)
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +178,7 @@ func TestLoginAndSession(t *testing.T) {
 	}
 }
 
-func mustURL(t *testing.T, s string) *url.URL {
+func mustURL(t testing.TB, s string) *url.URL {
 	t.Helper()
 	u, err := url.Parse(s)
 	if err != nil {
@@ -481,5 +481,29 @@ func TestEveryPageRendersWithoutTokenOrExternalURL(t *testing.T) {
 	wantStatus(t, "unknown rule", c.get("/ui/rules/nope"), http.StatusNotFound, `rule &#34;nope&#34; not found`)
 	for _, a := range []string{"console.js", "console.css", "vendor/uplot/uPlot.iife.min.js", "vendor/uplot/LICENSE"} {
 		wantStatus(t, a, c.get("/ui/assets/"+a), http.StatusOK)
+	}
+}
+
+// BenchmarkRulesPage1000 measures the server side of the Rules page with
+// 1,000 rules (the fake backend's own cost included).
+func BenchmarkRulesPage1000(b *testing.B) {
+	fb := newFakeBackend(newFakeClock())
+	fb.addRules(998)
+	h := New(fb, Options{})
+	srv := httptest.NewServer(h)
+	b.Cleanup(srv.Close)
+	c := newTClient(b, srv)
+	c.login(viewerToken)
+	cookies := c.http.Jar.Cookies(mustURL(b, srv.URL+"/ui/"))
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodGet, "/ui/rules", nil)
+		req.AddCookie(cookies[0])
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			b.Fatalf("status %d", w.Code)
+		}
+		b.ReportMetric(float64(w.Body.Len()), "bytes/page")
 	}
 }
