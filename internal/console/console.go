@@ -14,6 +14,13 @@
 // session checked on every POST, idle and absolute expiry, and a bound on
 // their number. The bearer token given at login stays on the server; it is
 // never put in a URL, a page or browser storage.
+//
+// The node mounts it on its HTTP port, whose TLS (and client CA) it shares:
+//
+//	mux.Handle("/ui/", console.New(backend, console.Options{NoAuth: loopbackWithoutAuth}))
+//
+// where backend adapts the node's AdminService and authorizer to Backend.
+// Unified diffs between rule versions come from github.com/pmezard/go-difflib.
 package console
 
 import (

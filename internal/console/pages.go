@@ -29,7 +29,7 @@ type view struct {
 	Data             any
 }
 
-func (h *handler) view(w http.ResponseWriter, r *request, title, nav string, data any) view {
+func (h *handler) view(r *request, title, nav string, data any) view {
 	v := view{Title: title, Nav: nav, NoAuth: h.opts.NoAuth, Data: data}
 	_, v.Overrides = h.backend.(OverrideLister)
 	_, v.Envoy = h.backend.(EnvoyDomainLister)
@@ -44,7 +44,7 @@ func (h *handler) view(w http.ResponseWriter, r *request, title, nav string, dat
 }
 
 func (h *handler) show(w http.ResponseWriter, r *request, code int, page, title, nav string, data any) {
-	h.pages.render(w, code, page, "layout", h.view(w, r, title, nav, data))
+	h.pages.render(w, code, page, "layout", h.view(r, title, nav, data))
 }
 
 // errorPage shows msg with the HTTP status code; r may be nil.
@@ -57,9 +57,8 @@ type loginData struct {
 }
 
 func (h *handler) loginPage(w http.ResponseWriter, hr *http.Request) {
-	if r, ok := h.authenticate(w, hr); ok {
+	if _, ok := h.authenticate(w, hr); ok {
 		http.Redirect(w, hr, safeNext(hr.URL.Query().Get("next")), http.StatusSeeOther)
-		_ = r
 		return
 	}
 	d := loginData{Next: safeNext(hr.URL.Query().Get("next"))}
