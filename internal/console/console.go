@@ -83,6 +83,9 @@ func (o *Options) setDefaults() {
 	}
 }
 
+// maxBody bounds a request body (a form with a rule definition).
+const maxBody = 1 << 20
+
 // cookieName names the session cookie.
 const cookieName = "tokenserver_console"
 
@@ -150,6 +153,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Not no-referrer: with it browsers send "Origin: null", which sameOrigin refuses.
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("X-Frame-Options", "DENY")
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
