@@ -16,7 +16,6 @@ import (
 	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
-
 // envoyGoldenEntries are the Envoy entries of testdata/golden/envoy.log.hex:
 // puts, a CAS refusal, a delete, syncs of the file origin that add, keep,
 // change and drop domains, and one that changes nothing.
