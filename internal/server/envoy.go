@@ -215,5 +215,3 @@ func clampU32(v int64) uint32 {
 	}
 	return uint32(v)
 }
-
-
