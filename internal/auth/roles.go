@@ -107,6 +107,8 @@ var methods = map[string]methodRule{
 	pb.TokenService_WatchClusterView_FullMethodName: {role: RoleClient},
 	pb.TokenService_CommitToken_FullMethodName:      {role: RoleClient},
 
+	"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit": {role: RoleClient},
+
 	pb.AdminService_GetRule_FullMethodName:         {role: RoleViewer},
 	pb.AdminService_ListRules_FullMethodName:       {role: RoleViewer},
 	pb.AdminService_ClusterStatus_FullMethodName:   {role: RoleViewer},
