@@ -199,7 +199,7 @@ func checkMemory(t *testing.T, c corev1.Container, a map[string]string) {
 	if goMemLimit == 0 {
 		t.Fatal("the container sets no GOMEMLIMIT")
 	}
-	budget := server.DefaultBucketMemory()
+	var budget int64
 	if v, ok := a["max-bucket-memory"]; ok {
 		var err error
 		if budget, err = server.ParseBytes(v); err != nil {
