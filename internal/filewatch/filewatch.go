@@ -11,6 +11,7 @@ package filewatch
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -101,6 +102,7 @@ type Watcher struct {
 	loaded, lastFailed [32]byte
 	hasLoaded          bool
 	hasFailed          bool // lastFailed holds a refused content's digest
+	partial            bool // the loaded content was installed in part (PartialError)
 	status             Status
 
 	stop     chan struct{}
@@ -156,21 +158,37 @@ func (w *Watcher) check() (refusedAgain bool, err error) {
 		return false, err
 	}
 	if w.hasLoaded && c.Digest == w.loaded {
-		return false, nil
+		return w.partial, nil
 	}
 	if w.hasFailed && c.Digest == w.lastFailed {
 		return true, nil // still the refused content, reported once
 	}
 	c.Generation = w.gen.Load() + 1
-	if err := w.o.Load(c); err != nil {
+	err = w.o.Load(c)
+	var pe *PartialError
+	if err != nil && !errors.As(err, &pe) {
 		w.lastFailed, w.hasFailed = c.Digest, true
 		return false, err
 	}
-	w.loaded, w.hasLoaded = c.Digest, true
+	w.loaded, w.hasLoaded, w.partial = c.Digest, true, err != nil
 	w.hasFailed = false
 	w.gen.Add(1)
-	return false, nil
+	return false, err
 }
+
+// PartialError is what Load returns when it installed a content in part
+// (a token file without its bad lines): the content counts as loaded (its
+// generation is taken, and a return to the content before it loads that
+// again), while Check returns the error once and Status stays not OK until
+// the files change.
+type PartialError struct {
+	Err error
+}
+
+func (e *PartialError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // Status returns the outcome of the last check.
 func (w *Watcher) Status() Status {

@@ -381,3 +381,40 @@ func TestPollReportsAnErrorOnce(t *testing.T) {
 		t.Errorf("%d more reports of the same error", n)
 	}
 }
+
+// TestPartialLoad: a content Load installed in part counts as loaded (a
+// return to the previous content loads it again) and keeps Status not OK
+// until the files change.
+func TestPartialLoad(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a")
+	write(t, a, "1")
+	var loads []string
+	load := func(c Content) error {
+		loads = append(loads, string(c.Files[0].Data))
+		if strings.HasPrefix(string(c.Files[0].Data), "part") {
+			return &PartialError{Err: errors.New("one bad line")}
+		}
+		return nil
+	}
+	w, err := New(Options{Paths: []string{a}, Interval: -1, Load: load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	write(t, a, "part")
+	var pe *PartialError
+	if err := w.Check(); !errors.As(err, &pe) {
+		t.Fatalf("Check = %v, want the PartialError", err)
+	}
+	if err := w.Check(); err != nil || w.Status().OK || w.Generation() != 2 {
+		t.Fatalf("again: %v, status %+v, generation %d; want nil, not OK, 2", err, w.Status(), w.Generation())
+	}
+	write(t, a, "1")
+	if err := w.Check(); err != nil || !w.Status().OK || w.Generation() != 3 {
+		t.Fatalf("back to the first content: %v, status %+v, generation %d", err, w.Status(), w.Generation())
+	}
+	if want := []string{"1", "part", "1"}; !slices.Equal(loads, want) {
+		t.Errorf("loads %q, want %q", loads, want)
+	}
+}
