@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
@@ -377,5 +378,25 @@ func TestTokenFileStartIsStrict(t *testing.T) {
 	name := writeTokens(t, dir, TokenLine("a", "a", RoleClient), "sha256:zz b client")
 	if _, err := New(Options{TokenFile: name, ReloadInterval: -1}); err == nil || !strings.Contains(err.Error(), filepath.Base(name)+":2") {
 		t.Errorf("New with a bad line: %v", err)
+	}
+}
+
+// TestClientAuthNoneNoCertPrincipal (item 10): with --tls-client-auth
+// none, an editor's client certificate is not a credential (the call has
+// none), while a peer (asking for the peer server name) still is one.
+func TestClientAuthNoneNoCertPrincipal(t *testing.T) {
+	p := newTestPKI(t)
+	addr, r := startServer(t, p, tlsutil.ClientAuthNone)
+	c := conn(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(p.clientTLS(p.client))))
+	if _, err := c.PutRule(ctx(t), &pb.PutRuleRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("an editor certificate in mode none: %v, want Unauthenticated", err)
+	}
+	peerTLS, err := r.PeerClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = conn(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(peerTLS)))
+	if _, err := c.NodeStatus(ctx(t), &pb.NodeStatusRequest{}); !strings.Contains(fmt.Sprint(err), "principal=peer:node:n1") {
+		t.Errorf("a peer in mode none: %v", err)
 	}
 }
