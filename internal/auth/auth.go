@@ -544,4 +544,3 @@ type principalStream struct {
 }
 
 func (s *principalStream) Context() context.Context { return s.ctx }
-
