@@ -39,7 +39,7 @@ func Compile(r *Rule) *Compiled {
 	if len(r.Overrides) > 0 {
 		c.overrides = make(map[string]*bucket.Config, len(r.Overrides))
 		for _, o := range r.Overrides {
-			oc := r.overrideConfig(o)
+			oc := overrideConfig(&c.Config, o)
 			c.overrides[o.Key] = &oc
 		}
 	}

@@ -56,11 +56,19 @@ type Rule struct {
 	LeaseTtlNs     int64  `protobuf:"varint,17,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
 	// version and generation are set by the FSM when it applies a put; in
 	// an entry they are ignored, in a snapshot they are the stored values.
-	Version       uint64 `protobuf:"varint,18,opt,name=version,proto3" json:"version,omitempty"`
-	Generation    uint64 `protobuf:"varint,19,opt,name=generation,proto3" json:"generation,omitempty"`
-	UpdatedBy     string `protobuf:"bytes,20,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version    uint64 `protobuf:"varint,18,opt,name=version,proto3" json:"version,omitempty"`
+	Generation uint64 `protobuf:"varint,19,opt,name=generation,proto3" json:"generation,omitempty"`
+	UpdatedBy  string `protobuf:"bytes,20,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	// bucket.Calendar's number (tokenserver.v1.Calendar's); 0 is none.
+	Calendar uint32 `protobuf:"varint,21,opt,name=calendar,proto3" json:"calendar,omitempty"`
+	// IANA time zone of calendar windows; "" is UTC.
+	TimeZone string `protobuf:"bytes,22,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	// The inline policy: 0 refuses request limits.
+	InlineMaxLimit    int64 `protobuf:"varint,23,opt,name=inline_max_limit,json=inlineMaxLimit,proto3" json:"inline_max_limit,omitempty"`
+	InlineMaxPeriodNs int64 `protobuf:"varint,24,opt,name=inline_max_period_ns,json=inlineMaxPeriodNs,proto3" json:"inline_max_period_ns,omitempty"`
+	ReservationTtlNs  int64 `protobuf:"varint,25,opt,name=reservation_ttl_ns,json=reservationTtlNs,proto3" json:"reservation_ttl_ns,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Rule) Reset() {
@@ -231,6 +239,41 @@ func (x *Rule) GetUpdatedBy() string {
 		return x.UpdatedBy
 	}
 	return ""
+}
+
+func (x *Rule) GetCalendar() uint32 {
+	if x != nil {
+		return x.Calendar
+	}
+	return 0
+}
+
+func (x *Rule) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *Rule) GetInlineMaxLimit() int64 {
+	if x != nil {
+		return x.InlineMaxLimit
+	}
+	return 0
+}
+
+func (x *Rule) GetInlineMaxPeriodNs() int64 {
+	if x != nil {
+		return x.InlineMaxPeriodNs
+	}
+	return 0
+}
+
+func (x *Rule) GetReservationTtlNs() int64 {
+	if x != nil {
+		return x.ReservationTtlNs
+	}
+	return 0
 }
 
 // Override gives one key its own limit.
@@ -636,9 +679,11 @@ type Snapshot struct {
 	// Sorted by name.
 	Rules []*Rule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
 	// Sorted by id.
-	Members       []*Member `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
-	Live          []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
-	ViewEpoch     uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
+	Members   []*Member `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	Live      []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
+	ViewEpoch uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
+	// Runtime overrides, sorted by rule and key.
+	Overrides     []*RuntimeOverride `protobuf:"bytes,6,rep,name=overrides,proto3" json:"overrides,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -708,11 +753,223 @@ func (x *Snapshot) GetViewEpoch() uint64 {
 	return 0
 }
 
+func (x *Snapshot) GetOverrides() []*RuntimeOverride {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+// RuntimeOverride is a rule's runtime override of one key or key prefix
+// (a key ending in one `*`).
+type RuntimeOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Limit int64                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Burst int64                  `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	// Unix nanoseconds at which the leader removes it; 0 is never.
+	ExpiresUnixNs int64 `protobuf:"varint,5,opt,name=expires_unix_ns,json=expiresUnixNs,proto3" json:"expires_unix_ns,omitempty"`
+	// version is set by the FSM when it applies a put; in an entry it is
+	// ignored, in a snapshot it is the stored value.
+	Version       uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	UpdatedBy     string `protobuf:"bytes,7,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeOverride) Reset() {
+	*x = RuntimeOverride{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeOverride) ProtoMessage() {}
+
+func (x *RuntimeOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeOverride.ProtoReflect.Descriptor instead.
+func (*RuntimeOverride) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RuntimeOverride) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RuntimeOverride) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RuntimeOverride) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetExpiresUnixNs() int64 {
+	if x != nil {
+		return x.ExpiresUnixNs
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
+}
+
+// PutOverride creates or replaces one runtime override.
+type PutOverride struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *RuntimeOverride       `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutOverride) Reset() {
+	*x = PutOverride{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutOverride) ProtoMessage() {}
+
+func (x *PutOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutOverride.ProtoReflect.Descriptor instead.
+func (*PutOverride) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PutOverride) GetOverride() *RuntimeOverride {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+// DeleteOverrides removes runtime overrides of one rule: the keys named,
+// and with expired_before > 0 also every override that expires at or
+// before that Unix time (the leader's periodic cleanup).
+type DeleteOverrides struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Rule                string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Keys                []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	ExpiredBeforeUnixNs int64                  `protobuf:"varint,3,opt,name=expired_before_unix_ns,json=expiredBeforeUnixNs,proto3" json:"expired_before_unix_ns,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *DeleteOverrides) Reset() {
+	*x = DeleteOverrides{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrides) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrides) ProtoMessage() {}
+
+func (x *DeleteOverrides) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrides.ProtoReflect.Descriptor instead.
+func (*DeleteOverrides) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeleteOverrides) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *DeleteOverrides) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *DeleteOverrides) GetExpiredBeforeUnixNs() int64 {
+	if x != nil {
+		return x.ExpiredBeforeUnixNs
+	}
+	return 0
+}
+
 var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\n" +
-	"!tokenserver/raft/v1/entries.proto\x12\x13tokenserver.raft.v1\"\xed\x04\n" +
+	"!tokenserver/raft/v1/entries.proto\x12\x13tokenserver.raft.v1\"\xaf\x06\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x14\n" +
@@ -739,7 +996,12 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"generation\x18\x13 \x01(\x04R\n" +
 	"generation\x12\x1d\n" +
 	"\n" +
-	"updated_by\x18\x14 \x01(\tR\tupdatedBy\"H\n" +
+	"updated_by\x18\x14 \x01(\tR\tupdatedBy\x12\x1a\n" +
+	"\bcalendar\x18\x15 \x01(\rR\bcalendar\x12\x1b\n" +
+	"\ttime_zone\x18\x16 \x01(\tR\btimeZone\x12(\n" +
+	"\x10inline_max_limit\x18\x17 \x01(\x03R\x0einlineMaxLimit\x12/\n" +
+	"\x14inline_max_period_ns\x18\x18 \x01(\x03R\x11inlineMaxPeriodNs\x12,\n" +
+	"\x12reservation_ttl_ns\x18\x19 \x01(\x03R\x10reservationTtlNs\"H\n" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
@@ -765,14 +1027,30 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\aSetView\x12\x12\n" +
 	"\x04live\x18\x01 \x03(\tR\x04live\"?\n" +
 	"\fRestoreRules\x12/\n" +
-	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xbb\x01\n" +
+	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xff\x01\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
 	"\amembers\x18\x03 \x03(\v2\x1b.tokenserver.raft.v1.MemberR\amembers\x12\x12\n" +
 	"\x04live\x18\x04 \x03(\tR\x04live\x12\x1d\n" +
 	"\n" +
-	"view_epoch\x18\x05 \x01(\x04R\tviewEpochBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
+	"view_epoch\x18\x05 \x01(\x04R\tviewEpoch\x12B\n" +
+	"\toverrides\x18\x06 \x03(\v2$.tokenserver.raft.v1.RuntimeOverrideR\toverrides\"\xc4\x01\n" +
+	"\x0fRuntimeOverride\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12&\n" +
+	"\x0fexpires_unix_ns\x18\x05 \x01(\x03R\rexpiresUnixNs\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\a \x01(\tR\tupdatedBy\"O\n" +
+	"\vPutOverride\x12@\n" +
+	"\boverride\x18\x01 \x01(\v2$.tokenserver.raft.v1.RuntimeOverrideR\boverride\"n\n" +
+	"\x0fDeleteOverrides\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x123\n" +
+	"\x16expired_before_unix_ns\x18\x03 \x01(\x03R\x13expiredBeforeUnixNsBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
 
 var (
 	file_tokenserver_raft_v1_entries_proto_rawDescOnce sync.Once
@@ -786,17 +1064,20 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
-	(*Rule)(nil),         // 0: tokenserver.raft.v1.Rule
-	(*Override)(nil),     // 1: tokenserver.raft.v1.Override
-	(*PutRule)(nil),      // 2: tokenserver.raft.v1.PutRule
-	(*DeleteRule)(nil),   // 3: tokenserver.raft.v1.DeleteRule
-	(*Member)(nil),       // 4: tokenserver.raft.v1.Member
-	(*MemberChange)(nil), // 5: tokenserver.raft.v1.MemberChange
-	(*SetView)(nil),      // 6: tokenserver.raft.v1.SetView
-	(*RestoreRules)(nil), // 7: tokenserver.raft.v1.RestoreRules
-	(*Snapshot)(nil),     // 8: tokenserver.raft.v1.Snapshot
+	(*Rule)(nil),            // 0: tokenserver.raft.v1.Rule
+	(*Override)(nil),        // 1: tokenserver.raft.v1.Override
+	(*PutRule)(nil),         // 2: tokenserver.raft.v1.PutRule
+	(*DeleteRule)(nil),      // 3: tokenserver.raft.v1.DeleteRule
+	(*Member)(nil),          // 4: tokenserver.raft.v1.Member
+	(*MemberChange)(nil),    // 5: tokenserver.raft.v1.MemberChange
+	(*SetView)(nil),         // 6: tokenserver.raft.v1.SetView
+	(*RestoreRules)(nil),    // 7: tokenserver.raft.v1.RestoreRules
+	(*Snapshot)(nil),        // 8: tokenserver.raft.v1.Snapshot
+	(*RuntimeOverride)(nil), // 9: tokenserver.raft.v1.RuntimeOverride
+	(*PutOverride)(nil),     // 10: tokenserver.raft.v1.PutOverride
+	(*DeleteOverrides)(nil), // 11: tokenserver.raft.v1.DeleteOverrides
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	1, // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
@@ -805,11 +1086,13 @@ var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	0, // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
 	0, // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
 	4, // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	9, // 6: tokenserver.raft.v1.Snapshot.overrides:type_name -> tokenserver.raft.v1.RuntimeOverride
+	9, // 7: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -825,7 +1108,7 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
