@@ -103,6 +103,7 @@ var methods = map[string]methodRule{
 	pb.TokenService_AcquireTokens_FullMethodName:    {role: RoleClient},
 	pb.TokenService_RefillToken_FullMethodName:      {role: RoleClient},
 	pb.TokenService_RenewLease_FullMethodName:       {role: RoleClient},
+	pb.TokenService_CommitToken_FullMethodName:      {role: RoleClient},
 	pb.TokenService_GetClusterView_FullMethodName:   {role: RoleClient},
 	pb.TokenService_WatchClusterView_FullMethodName: {role: RoleClient},
 
@@ -113,6 +114,9 @@ var methods = map[string]methodRule{
 	pb.AdminService_SnapshotSave_FullMethodName:    {role: RoleViewer},
 	pb.AdminService_PutRule_FullMethodName:         {role: RoleEditor, write: true},
 	pb.AdminService_DeleteRule_FullMethodName:      {role: RoleEditor, write: true},
+	pb.AdminService_ListOverrides_FullMethodName:   {role: RoleViewer},
+	pb.AdminService_PutOverride_FullMethodName:     {role: RoleEditor, write: true},
+	pb.AdminService_DeleteOverride_FullMethodName:  {role: RoleEditor, write: true},
 	pb.AdminService_JoinCluster_FullMethodName:     {role: RoleAdmin, write: true},
 	pb.AdminService_RemoveMember_FullMethodName:    {role: RoleAdmin, write: true},
 	pb.AdminService_DrainMember_FullMethodName:     {role: RoleAdmin, write: true},
