@@ -70,6 +70,9 @@ type Principal struct {
 	// OnBehalfOf is, on a write a peer forwarded (to the leader), the
 	// caller the peer forwarded it for, as Actor returned there.
 	OnBehalfOf string
+	// Scope, when set, limits the principal to rule names matching it
+	// (see scope.go).
+	Scope string
 
 	have Role // Roles expanded
 }
@@ -334,6 +337,9 @@ func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (conte
 	}
 	if m.access == accessRole && !p.Has(m.role) {
 		return ctx, status.Errorf(codes.PermissionDenied, "%s lacks role %s for %s", p, m.role, fullMethod)
+	}
+	if err := p.scopeAllows(fullMethod); err != nil {
+		return ctx, err
 	}
 	if m.write && p.IsPeer() {
 		if v := metadata.ValueFromIncomingContext(ctx, PrincipalHeader); len(v) > 0 && v[0] != "" {

@@ -36,14 +36,14 @@ func parseTokens(data []byte, name string) (tokenTable, error) {
 		if n, err := hex.Decode(d[:], []byte(hexDigest)); err != nil || n != 32 || len(hexDigest) != 64 {
 			return nil, fmt.Errorf("%s:%d: sha256: wants 64 hex digits", name, line)
 		}
-		roles, err := ParseRoles(f[2])
+		roles, scope, err := parseScopedRoles(f[2])
 		if err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", name, line, err)
 		}
 		if _, dup := t[d]; dup {
 			return nil, fmt.Errorf("%s:%d: the same token hash is listed twice", name, line)
 		}
-		t[d] = &Principal{Name: f[1], Roles: roles, Source: SourceToken, have: roles.expand()}
+		t[d] = &Principal{Name: f[1], Roles: roles, Source: SourceToken, Scope: scope, have: roles.expand()}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)

@@ -101,6 +101,9 @@ var commands = [...]command{
 	entrySetView:      row("view", decodeSetView, (*fsmState).setView),
 	entryRestoreRules: row("restore", decodeRestoreRules, (*fsmState).restoreRules),
 	entryDrainMember:  row("drain member", decodeDrainMember, (*fsmState).drainMember),
+
+	entryPutOverride:     row("put override", decodePutOverride, (*fsmState).putOverride),
+	entryDeleteOverrides: row("delete overrides", decodeDeleteOverrides, (*fsmState).deleteOverrides),
 }
 
 // errUnknownEntry is an entry type this node does not know.

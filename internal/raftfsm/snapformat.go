@@ -31,6 +31,9 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 		m.Members = append(m.Members, memberToPB(mi))
 	}
 	sort.Slice(m.Members, func(i, j int) bool { return m.Members[i].Id < m.Members[j].Id })
+	for _, o := range s.Overrides.All() {
+		m.Overrides = append(m.Overrides, overrideToPB(o))
+	}
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -70,6 +73,12 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 				return nil, fmt.Errorf("member %q twice", mm.GetId())
 			}
 			s.Members[mm.GetId()] = memberFromPB(mm)
+		}
+		for _, o := range m.Overrides {
+			if s.Rules.Get(o.GetRule()) == nil || o.GetKey() == "" {
+				return nil, fmt.Errorf("override %q of rule %q, which the snapshot does not hold", o.GetKey(), o.GetRule())
+			}
+			s.Overrides.For(o.GetRule()).Put(overrideFromPB(o))
 		}
 		return s, nil
 	}

@@ -71,7 +71,7 @@ func ParseFallbackPolicy(s string) (FallbackPolicy, error) {
 
 // Rule is a named limit. Its zero value is not valid; see Validate.
 type Rule struct {
-	// Name is 1 to MaxNameLen characters of [A-Za-z0-9_.:-].
+	// Name is 1 to MaxNameLen characters of [A-Za-z0-9_.:/-].
 	Name string `json:"name,omitempty"`
 	// Algorithm is how the rule counts.
 	Algorithm bucket.Algorithm `json:"algorithm,omitempty"`
@@ -181,7 +181,9 @@ type invalidError struct{ msg string }
 func (e *invalidError) Error() string        { return e.msg }
 func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 
-// ValidName reports whether s may name a rule.
+// ValidName reports whether s may name a rule: 1 to MaxNameLen characters
+// of [A-Za-z0-9_.:/-] ('/' namespaces names for scoped credentials:
+// team-a/checkout).
 func ValidName(s string) error {
 	if s == "" {
 		return Invalid("rule name is empty")
@@ -191,11 +193,11 @@ func ValidName(s string) error {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-') {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-' || c == '/') {
 			if c >= utf8.RuneSelf {
-				return Invalid("rule name %q: byte %#x at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
+				return Invalid("rule name %q: byte %#x at %d is not one of [A-Za-z0-9_.:/-]", s, c, i)
 			}
-			return Invalid("rule name %q: character %q at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
+			return Invalid("rule name %q: character %q at %d is not one of [A-Za-z0-9_.:/-]", s, c, i)
 		}
 	}
 	return nil

@@ -321,3 +321,13 @@ func (c *Compiled) Runtime() *Runtime { return c.runtime.Load() }
 func (o RuntimeOverride) String() string {
 	return fmt.Sprintf("override %q of rule %q (limit %d, burst %d)", o.Key, o.Rule, o.Limit, o.Burst)
 }
+
+// Clone returns a copy of s that later writes to s do not change (for a
+// snapshot).
+func (s *Overrides) Clone() *Overrides {
+	c := NewOverrides()
+	for _, o := range s.All() {
+		c.For(o.Rule).Put(o)
+	}
+	return c
+}

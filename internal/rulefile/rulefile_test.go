@@ -136,7 +136,7 @@ func TestParseErrors(t *testing.T) {
 		{"lease", "name: api\nalgorithm: token-bucket\nlimit: 10\nperiod: 1s\nlease:\n  max_batch: 5\n",
 			`f.yaml:5:1: rule "api": lease.ttl must be > 0 when lease.max_batch is set`},
 		{"name", "name: \"a b\"\nalgorithm: token-bucket\nlimit: 10\nperiod: 1s\n",
-			`f.yaml:1:1: rule name "a b": character ' ' at 1 is not one of [A-Za-z0-9_.:-]`},
+			`f.yaml:1:1: rule name "a b": character ' ' at 1 is not one of [A-Za-z0-9_.:/-]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := Parse("f.yaml", []byte(tc.in))

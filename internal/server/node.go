@@ -228,7 +228,8 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	if n.cfg.Security.Insecure {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
+	go n.expireOverrides()
 	go n.sweep()
 	go n.watchReadiness()
 	if n.join != nil {
