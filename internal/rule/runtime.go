@@ -69,24 +69,26 @@ func (o *RuntimeOverride) ValidateFor(r *Rule) error {
 	return nil
 }
 
-// Runtime holds the runtime overrides of one rule. Reads (ConfigFor) are
-// lock-free and safe alongside writes; writes are serialized by its own
-// mutex (the FSM applies them one at a time anyway). A write touches one
-// entry: it costs the same with 100,000 overrides as with 10.
+// Runtime holds the runtime overrides of one rule. It is safe for
+// simultaneous use: reads (ConfigFor) take a read lock, writes (the FSM
+// applies them one at a time) the lock. A write touches one map entry, so
+// it costs the same with 100,000 overrides as with 10 (Go's maps grow
+// incrementally, table by table; sync.Map was measured and its writes
+// slow down threefold at 100,000 entries).
 //
-// Exact keys live in one concurrent map; prefixes in another, keyed by
-// the prefix, with the set of distinct prefix lengths: a lookup tries the
-// exact key, then each prefix length from the longest, so it costs one
-// map lookup plus one per distinct prefix length the rule uses (a trie
-// would bound that by the key's length; with the few lengths prefixes
-// have in practice the maps are faster and hand-write nothing).
+// Exact keys live in one map; prefixes in another, keyed by the prefix,
+// with the distinct prefix lengths: a lookup tries the exact key, then
+// each prefix length from the longest, so it costs one map lookup plus
+// one per distinct prefix length the rule uses (a trie would bound that by
+// the key's length; with the few lengths prefixes have in practice the
+// maps are faster and hand-write nothing).
 type Runtime struct {
-	n      atomic.Int64
-	exact  sync.Map // key → *runtimeEntry
-	prefix sync.Map // prefix without `*` → *runtimeEntry
-	lens   atomic.Pointer[[]int]
+	n atomic.Int64 // overrides held, read without the lock
 
-	mu       sync.Mutex // writers
+	mu       sync.RWMutex
+	exact    map[string]*runtimeEntry
+	prefix   map[string]*runtimeEntry // by prefix without `*`
+	lens     []int                    // distinct prefix lengths, longest first
 	lenCount map[int]int
 }
 
@@ -118,15 +120,23 @@ func (rt *Runtime) Put(o RuntimeOverride) {
 	e := &runtimeEntry{o: o}
 	if o.IsPrefix() {
 		p := o.Key[:len(o.Key)-1]
-		if _, had := rt.prefix.Swap(p, e); !had {
+		if rt.prefix == nil {
+			rt.prefix = map[string]*runtimeEntry{}
+		}
+		if _, had := rt.prefix[p]; !had {
 			rt.n.Add(1)
 			rt.addLen(len(p), 1)
 		}
+		rt.prefix[p] = e
 		return
 	}
-	if _, had := rt.exact.Swap(o.Key, e); !had {
+	if rt.exact == nil {
+		rt.exact = map[string]*runtimeEntry{}
+	}
+	if _, had := rt.exact[o.Key]; !had {
 		rt.n.Add(1)
 	}
+	rt.exact[o.Key] = e
 }
 
 // Delete removes the override of key (a pattern as written) and reports
@@ -134,16 +144,17 @@ func (rt *Runtime) Put(o RuntimeOverride) {
 func (rt *Runtime) Delete(key string) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if strings.HasSuffix(key, "*") {
-		p := key[:len(key)-1]
-		if _, had := rt.prefix.LoadAndDelete(p); had {
+	if p, ok := strings.CutSuffix(key, "*"); ok {
+		if _, had := rt.prefix[p]; had {
+			delete(rt.prefix, p)
 			rt.n.Add(-1)
 			rt.addLen(len(p), -1)
 			return true
 		}
 		return false
 	}
-	if _, had := rt.exact.LoadAndDelete(key); had {
+	if _, had := rt.exact[key]; had {
+		delete(rt.exact, key)
 		rt.n.Add(-1)
 		return true
 	}
@@ -152,17 +163,18 @@ func (rt *Runtime) Delete(key string) bool {
 
 // Get returns the override of key (a pattern as written).
 func (rt *Runtime) Get(key string) (RuntimeOverride, bool) {
-	var v any
-	var ok bool
-	if strings.HasSuffix(key, "*") {
-		v, ok = rt.prefix.Load(key[:len(key)-1])
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	var e *runtimeEntry
+	if p, ok := strings.CutSuffix(key, "*"); ok {
+		e = rt.prefix[p]
 	} else {
-		v, ok = rt.exact.Load(key)
+		e = rt.exact[key]
 	}
-	if !ok {
+	if e == nil {
 		return RuntimeOverride{}, false
 	}
-	return v.(*runtimeEntry).o, true
+	return e.o, true
 }
 
 // addLen counts a prefix length in or out. rt.mu is held.
@@ -180,13 +192,24 @@ func (rt *Runtime) addLen(l, d int) {
 	if (before > 0) == (after > 0) {
 		return
 	}
-	lens := make([]int, 0, len(rt.lenCount))
+	rt.lens = rt.lens[:0]
 	for k := range rt.lenCount {
-		lens = append(lens, k)
+		rt.lens = append(rt.lens, k)
 	}
-	slices.Sort(lens)
-	slices.Reverse(lens)
-	rt.lens.Store(&lens)
+	slices.Sort(rt.lens)
+	slices.Reverse(rt.lens)
+}
+
+// each calls f for every entry under the read lock.
+func (rt *Runtime) each(f func(*RuntimeOverride)) {
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	for _, e := range rt.exact {
+		f(&e.o)
+	}
+	for _, e := range rt.prefix {
+		f(&e.o)
+	}
 }
 
 // All returns the overrides sorted by key.
@@ -194,10 +217,8 @@ func (rt *Runtime) All() []RuntimeOverride {
 	if rt == nil {
 		return nil
 	}
-	var out []RuntimeOverride
-	f := func(_, v any) bool { out = append(out, v.(*runtimeEntry).o); return true }
-	rt.exact.Range(f)
-	rt.prefix.Range(f)
+	out := make([]RuntimeOverride, 0, rt.Len())
+	rt.each(func(o *RuntimeOverride) { out = append(out, *o) })
 	slices.SortFunc(out, func(a, b RuntimeOverride) int { return strings.Compare(a.Key, b.Key) })
 	return out
 }
@@ -209,30 +230,26 @@ func (rt *Runtime) Expired(unixNs int64) []string {
 		return nil
 	}
 	var keys []string
-	f := func(_, v any) bool {
-		o := &v.(*runtimeEntry).o
+	rt.each(func(o *RuntimeOverride) {
 		if o.ExpiresUnixNs != 0 && o.ExpiresUnixNs <= unixNs {
 			keys = append(keys, o.Key)
 		}
-		return true
-	}
-	rt.exact.Range(f)
-	rt.prefix.Range(f)
+	})
 	slices.Sort(keys)
 	return keys
 }
 
 // match returns the entry that applies to key, or nil.
 func (rt *Runtime) match(key string) *runtimeEntry {
-	if v, ok := rt.exact.Load(key); ok {
-		return v.(*runtimeEntry)
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	if e, ok := rt.exact[key]; ok {
+		return e
 	}
-	if lens := rt.lens.Load(); lens != nil {
-		for _, l := range *lens {
-			if l <= len(key) {
-				if v, ok := rt.prefix.Load(key[:l]); ok {
-					return v.(*runtimeEntry)
-				}
+	for _, l := range rt.lens {
+		if l <= len(key) {
+			if e, ok := rt.prefix[key[:l]]; ok {
+				return e
 			}
 		}
 	}
