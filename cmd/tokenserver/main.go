@@ -24,6 +24,8 @@ import (
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
+
+	_ "time/tzdata" // calendar windows name IANA zones; the host may lack a zone database
 )
 
 func main() {

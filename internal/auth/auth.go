@@ -73,6 +73,9 @@ type Principal struct {
 	// membership: it may call JoinCluster, as itself only (see CheckJoin),
 	// and nothing else.
 	Joining bool
+	// Scope, when set, limits the principal to rule names matching it
+	// (see scope.go).
+	Scope string
 
 	have   Role              // Roles expanded
 	digest [32]byte          // a token's SHA-256 (SourceToken)
@@ -431,6 +434,9 @@ func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (conte
 	}
 	if m.access == accessRole && !p.Has(m.role) {
 		return ctx, status.Errorf(codes.PermissionDenied, "%s lacks role %s for %s", p, m.role, fullMethod)
+	}
+	if err := p.scopeAllows(fullMethod); err != nil {
+		return ctx, err
 	}
 	if m.write && p.IsPeer() && !p.Joining {
 		if v := metadata.ValueFromIncomingContext(ctx, PrincipalHeader); len(v) > 0 && v[0] != "" {

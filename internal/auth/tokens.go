@@ -73,11 +73,11 @@ func parseTokenLine(text string) ([32]byte, *Principal, error) {
 	if n, err := hex.Decode(d[:], []byte(hexDigest)); err != nil || n != 32 || len(hexDigest) != 64 {
 		return d, nil, errors.New("sha256: wants 64 hex digits")
 	}
-	roles, err := ParseRoles(f[2])
+	roles, scope, err := parseScopedRoles(f[2])
 	if err != nil {
 		return d, nil, err
 	}
-	return d, &Principal{Name: f[1], Roles: roles, Source: SourceToken, have: roles.expand(), digest: d}, nil
+	return d, &Principal{Name: f[1], Roles: roles, Source: SourceToken, Scope: scope, have: roles.expand(), digest: d}, nil
 }
 
 // NewToken returns a random bearer token (256 bits, URL-safe base64) and

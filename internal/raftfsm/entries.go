@@ -105,6 +105,8 @@ var commands = [...]command{
 	entryPutEnvoyDomain:    row("put envoy domain", decodePutEnvoyDomain, (*fsmState).putEnvoyDomain),
 	entryDeleteEnvoyDomain: row("delete envoy domain", decodeDeleteEnvoyDomain, (*fsmState).deleteEnvoyDomain),
 	entrySyncEnvoyDomains:  row("sync envoy domains", decodeSyncEnvoyDomains, (*fsmState).syncEnvoyDomains),
+	entryPutOverride:     row("put override", decodePutOverride, (*fsmState).putOverride),
+	entryDeleteOverrides: row("delete overrides", decodeDeleteOverrides, (*fsmState).deleteOverrides),
 }
 
 // errUnknownEntry is an entry type this node does not know.
@@ -242,6 +244,9 @@ func ruleToPB(r *rule.Rule) *raftv1.Rule {
 		FallbackPolicy: uint32(r.Fallback.Policy), FallbackLimit: r.Fallback.Limit,
 		LeaseMaxBatch: r.Lease.MaxBatch, LeaseTtlNs: int64(r.Lease.TTL),
 		Version: r.Version, Generation: r.Generation, UpdatedBy: r.UpdatedBy,
+		Calendar: uint32(r.Calendar), TimeZone: r.TimeZone,
+		InlineMaxLimit: r.Inline.MaxLimit, InlineMaxPeriodNs: int64(r.Inline.MaxPeriod),
+		ReservationTtlNs: int64(r.ReservationTTL),
 	}
 	if len(r.Overrides) > 0 {
 		m.Overrides = make([]*raftv1.Override, len(r.Overrides))
@@ -262,6 +267,9 @@ func ruleFromPB(m *raftv1.Rule) *rule.Rule {
 		Fallback: rule.Fallback{Policy: rule.FallbackPolicy(clamp8(m.FallbackPolicy)), Limit: m.FallbackLimit},
 		Lease:    rule.Lease{MaxBatch: m.LeaseMaxBatch, TTL: time.Duration(m.LeaseTtlNs)},
 		Version:  m.Version, Generation: m.Generation, UpdatedBy: m.UpdatedBy,
+		Calendar: bucket.Calendar(clamp8(m.Calendar)), TimeZone: m.TimeZone,
+		Inline:         rule.InlinePolicy{MaxLimit: m.InlineMaxLimit, MaxPeriod: time.Duration(m.InlineMaxPeriodNs)},
+		ReservationTTL: time.Duration(m.ReservationTtlNs),
 	}
 	if len(m.Overrides) > 0 {
 		r.Overrides = make([]rule.Override, len(m.Overrides))

@@ -29,10 +29,11 @@ type memberInfo struct {
 
 // applyResult is what FSM.Apply returns for an entry.
 type applyResult struct {
-	rule    *rule.Rule
-	envoy   *EnvoyDomain // the Envoy domain a put stored
-	changed int          // Envoy domains a sync changed
-	err     error
+	rule     *rule.Rule
+	envoy    *EnvoyDomain // the Envoy domain a put stored
+	changed  int          // Envoy domains a sync changed
+	override *rule.RuntimeOverride
+	err      error
 }
 
 // fsmState is the replicated state: rules, members and the view. It is
@@ -47,10 +48,13 @@ type fsmState struct {
 	// copy-on-write. EnvoyIndex is the index of its last change.
 	Envoy      map[string]EnvoyDomain
 	EnvoyIndex uint64
+	// Overrides are the rules' runtime overrides, changed in place like
+	// Rules (see overrides.go).
+	Overrides *rule.Overrides
 }
 
 func newState() *fsmState {
-	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}}
+	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}, Overrides: rule.NewOverrides()}
 }
 
 // clone copies the state for one entry to change, except the rule set:
@@ -60,7 +64,7 @@ func newState() *fsmState {
 // Rules themselves are immutable once stored.
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
-		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex}
+		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex, Overrides: s.Overrides}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put
@@ -69,6 +73,9 @@ type ruleChange struct {
 	put     *rule.Rule
 	deleted string
 	all     bool
+	// overrides names a rule whose runtime overrides were written (the
+	// table is not rebuilt for them).
+	overrides string
 }
 
 func (c ruleChange) any() bool { return c.put != nil || c.deleted != "" || c.all }
@@ -143,6 +150,7 @@ func (f *FSM) publish(s *fsmState, ch ruleChange) {
 		f.table.Store(prev.With(s.Index, ch.put, ch.deleted))
 		prev.Supersede()
 	}
+	attachOverrides(f.table.Load(), s.Overrides, ch)
 	v := s.view()
 	if old := f.view.Load(); old == nil || old.Epoch != v.Epoch || !old.Equal(v) {
 		f.view.Store(v)
@@ -197,6 +205,7 @@ func (s *fsmState) deleteRule(_ uint64, e deleteRule) (applyResult, ruleChange) 
 	if err := s.Rules.Delete(e.name, e.expected); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	s.Overrides.DropRule(e.name)
 	return applyResult{}, ruleChange{deleted: e.name}
 }
 
@@ -204,6 +213,8 @@ func (s *fsmState) restoreRules(index uint64, e restoreRules) (applyResult, rule
 	if err := s.Rules.Replace(index, e.rules); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	// Restored rules start afresh, runtime overrides included.
+	s.Overrides = rule.NewOverrides()
 	return applyResult{}, ruleChange{all: true}
 }
 
@@ -268,11 +279,12 @@ func indexOf(s []string, v string) int {
 }
 
 // Snapshot returns the current state to persist. raft calls Persist on
-// another goroutine while Apply goes on: the rule set, which Apply changes
-// in place, is copied here.
+// another goroutine while Apply goes on: the rule set and the runtime
+// overrides, which Apply changes in place, are copied here.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	s := *f.state.Load()
 	s.Rules = s.Rules.Clone()
+	s.Overrides = s.Overrides.Clone()
 	return &snapshot{s: &s}, nil
 }
 

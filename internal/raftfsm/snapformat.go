@@ -32,6 +32,9 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 	}
 	sort.Slice(m.Members, func(i, j int) bool { return m.Members[i].Id < m.Members[j].Id })
 	m.EnvoyDomains, m.EnvoyIndex = envoySnapshot(s)
+	for _, o := range s.Overrides.All() {
+		m.Overrides = append(m.Overrides, overrideToPB(o))
+	}
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -74,6 +77,12 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 		}
 		if err := s.loadEnvoySnapshot(m.EnvoyDomains, m.EnvoyIndex); err != nil {
 			return nil, err
+		}
+		for _, o := range m.Overrides {
+			if s.Rules.Get(o.GetRule()) == nil || o.GetKey() == "" {
+				return nil, fmt.Errorf("override %q of rule %q, which the snapshot does not hold", o.GetKey(), o.GetRule())
+			}
+			s.Overrides.For(o.GetRule()).Put(overrideFromPB(o))
 		}
 		return s, nil
 	}

@@ -75,7 +75,7 @@ func toStatus(err error) *status.Status {
 	switch {
 	case errors.Is(err, rule.ErrInvalid), errors.Is(err, ErrBadRequest):
 		return status.New(codes.InvalidArgument, err.Error())
-	case errors.Is(err, rule.ErrNotFound):
+	case errors.Is(err, rule.ErrNotFound), errors.Is(err, shard.ErrGrantNotFound), errors.Is(err, shard.ErrGrantExpired):
 		return status.New(codes.NotFound, err.Error())
 	case errors.Is(err, rule.ErrVersionMismatch), errors.Is(err, raftfsm.ErrRefused), errors.Is(err, ErrNoRaft):
 		return status.New(codes.FailedPrecondition, err.Error())

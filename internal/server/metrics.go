@@ -26,6 +26,7 @@ type metrics struct {
 	failovers prometheus.Counter
 	apply     prometheus.Histogram
 	panics    prometheus.Counter
+	cost      *costMetrics
 	// methods are the latency observers of the TokenService methods.
 	methods map[string]prometheus.Observer
 }
@@ -73,6 +74,7 @@ func newMetrics(n *Node) *metrics {
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
+	m.cost = newCostMetrics(m.reg)
 	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
 		&nodeCollector{n: n},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

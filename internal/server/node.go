@@ -131,8 +131,10 @@ func New(cfg Config, deps Deps) (*Node, error) {
 	n.metrics = newMetrics(n)
 	if n.now == nil {
 		start := time.Now()
-		// Offset by a day so that window arithmetic never sees time near 0.
-		n.now = func() int64 { return int64(time.Since(start)) + int64(24*time.Hour) }
+		// Unix nanoseconds as of start, advanced by the monotonic clock:
+		// calendar windows need wall time (see package bucket), and the
+		// clock still never steps.
+		n.now = func() int64 { return start.UnixNano() + int64(time.Since(start)) }
 	}
 	if sec.authOn() {
 		n.auth = sec.Auth
@@ -230,7 +232,8 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	if n.cfg.Security.Insecure {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
+	go n.expireOverrides()
 	go n.sweep()
 	go n.watchReadiness()
 	n.wg.Add(1)

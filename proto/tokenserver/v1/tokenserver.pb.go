@@ -334,7 +334,7 @@ func (TopKeysWindow) EnumDescriptor() ([]byte, []int) {
 // Rule is a named limit.
 type Rule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Name: 1 to 128 characters of [A-Za-z0-9_.:-].
+	// Name: 1 to 128 characters of [A-Za-z0-9_.:/-].
 	Name      string    `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Algorithm Algorithm `protobuf:"varint,2,opt,name=algorithm,proto3,enum=tokenserver.v1.Algorithm" json:"algorithm,omitempty"`
 	// Permits per period; for CONCURRENCY the number of leases held at once.
