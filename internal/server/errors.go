@@ -40,6 +40,10 @@ var (
 	// ErrWrongNode is a peer acting for a node its certificate does not
 	// name (PermissionDenied).
 	ErrWrongNode = errors.New("wrong node")
+	// ErrUnauthenticated is a call whose credentials are refused before
+	// they are checked: an authorization header too long to be a token
+	// (Unauthenticated).
+	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrInternal is a bug: a panic in a handler, an answer that cannot
 	// be (Internal).
 	ErrInternal = errors.New("internal error")
@@ -90,6 +94,8 @@ func toStatus(err error) *status.Status {
 		return status.New(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrStreamCap):
 		return status.New(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, ErrUnauthenticated):
+		return status.New(codes.Unauthenticated, err.Error())
 	case errors.Is(err, ErrWrongNode):
 		return status.New(codes.PermissionDenied, err.Error())
 	case errors.Is(err, shard.ErrBucketCap), errors.Is(err, shard.ErrMaxKeys), errors.Is(err, rule.ErrTooManyRules):

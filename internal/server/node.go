@@ -86,6 +86,8 @@ type Node struct {
 	// forwarded marker counts only from peers (TLS or auth is on).
 	auth      *auth.Authenticator
 	peersOnly bool
+	// refusedGRPC and refusedHTTP count connections closed at a cap.
+	refusedGRPC, refusedHTTP atomic.Int64
 
 	mu       sync.Mutex
 	lis      Listeners
@@ -183,6 +185,10 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 		lis.Close()
 		return fmt.Errorf("http tls: %w", err)
 	}
+	lis.GRPC = newLimitListener(lis.GRPC, cmp.Or(n.cfg.MaxConns, DefaultMaxConns), cmp.Or(n.cfg.MaxConnsPerIP, DefaultMaxConnsPerIP), &n.refusedGRPC, n.acceptRetry("grpc"))
+	if lis.HTTP != nil {
+		lis.HTTP = newLimitListener(lis.HTTP, cmp.Or(n.cfg.MaxHTTPConns, DefaultMaxHTTPConns), cmp.Or(n.cfg.MaxHTTPConnsPerIP, DefaultMaxHTTPConnsPerIP), &n.refusedHTTP, n.acceptRetry("http"))
+	}
 	n.mu.Lock()
 	n.lis = lis
 	n.mu.Unlock()
@@ -247,6 +253,14 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	}
 	n.Stop()
 	return err
+}
+
+// acceptRetry logs a temporary accept error of the port named port (out
+// of file descriptors), which its listener retries after delay.
+func (n *Node) acceptRetry(port string) func(error, time.Duration) {
+	return func(err error, delay time.Duration) {
+		n.log.Warn("accept failed; retrying", "port", port, "err", err, "retry_in", delay.String())
+	}
 }
 
 // runJoin asks members to add this node until it succeeds, fails or the

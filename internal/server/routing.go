@@ -76,19 +76,29 @@ func (n *Node) sole() bool {
 		st.State == "Leader" && st.AppliedIndex >= st.CommitIndex
 }
 
+// MaxAvoid is the most member ids of an AvoidHeader a node honors; the
+// rest are ignored.
+const MaxAvoid = 64
+
 // avoided returns the member ids of the caller's AvoidHeader that this
-// node honors (see Peers.avoidable), nil if none.
+// node honors (see Peers.avoidable), nil if none. It reads at most
+// MaxAvoid ids and never splits the whole header: its size is the
+// caller's (the transport bounds it by Config.MaxHeaderListSize).
 func (n *Node) avoided(ctx context.Context, v *cluster.View) map[string]bool {
 	vals := metadata.ValueFromIncomingContext(ctx, AvoidHeader)
 	if len(vals) == 0 {
 		return nil
 	}
 	var out map[string]bool
+	seen, pieces := 0, 0
 	for _, val := range vals {
-		for _, id := range strings.Split(val, ",") {
-			if id = strings.TrimSpace(id); id == "" || len(out) >= 64 || id == n.data.ID() {
+		for rest := val; rest != "" && seen < MaxAvoid && pieces < 16*MaxAvoid; pieces++ {
+			var id string
+			id, rest, _ = strings.Cut(rest, ",")
+			if id = strings.TrimSpace(id); id == "" || id == n.data.ID() {
 				continue
 			}
+			seen++
 			m, inView := v.Member(id)
 			if !inView || n.peers.avoidable(m) {
 				if out == nil {

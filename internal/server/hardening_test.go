@@ -1,0 +1,189 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/tokenserver/tokenserver/internal/auth"
+	"github.com/tokenserver/tokenserver/internal/cluster"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// TestConnectionCapsPerIPAndTotal: past the per-IP or the total cap, a new
+// connection is closed at accept and counted; closing one makes room.
+func TestConnectionCapsPerIPAndTotal(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused atomic.Int64
+	l := newLimitListener(raw, 3, 2, &refused, nil)
+	defer l.Close()
+	accepted := make(chan net.Conn, 10)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", raw.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	closedByServer := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return err == io.EOF || err != nil && !os.IsTimeout(err)
+	}
+	dial()
+	dial()
+	a1, a2 := <-accepted, <-accepted
+	third := dial() // the same IP, past perIP=2
+	if !closedByServer(third) {
+		t.Fatal("a third connection from one IP was not closed")
+	}
+	if refused.Load() != 1 {
+		t.Fatalf("refused %d, want 1", refused.Load())
+	}
+	a1.Close()
+	dial()
+	if c := <-accepted; c == nil {
+		t.Fatal("no room after a close")
+	}
+	a2.Close()
+	l.total = 1 // the total cap: one open (the last accepted)
+	if !closedByServer(dial()) {
+		t.Fatal("a connection past the total cap was not closed")
+	}
+}
+
+// TestAvoidHeaderBounded: an avoid header of 8 MB of commas and ids is
+// read only up to MaxAvoid ids, without splitting it (allocations do not
+// grow with its size).
+func TestAvoidHeaderBounded(t *testing.T) {
+	tn := newTestNode(t, nil)
+	v := cluster.NewView(1, []cluster.Member{{ID: "node-1"}, {ID: "b"}})
+	huge := strings.Repeat(",", 8<<20) + strings.Repeat("x,", 1000)
+	ids := strings.Repeat("a,", 10000)
+	for _, tc := range []struct {
+		name, header string
+		max          int
+	}{{"commas", huge, MaxAvoid}, {"ids", ids, 1}, {"few", "b, c", 2}} {
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(AvoidHeader, tc.header))
+		var got map[string]bool
+		allocs := testing.AllocsPerRun(3, func() { got = tn.node.avoided(ctx, v) })
+		if len(got) > tc.max {
+			t.Errorf("%s: %d ids honored, at most %d", tc.name, len(got), tc.max)
+		}
+		if allocs > 20 {
+			t.Errorf("%s: %v allocations", tc.name, allocs)
+		}
+	}
+	// The transport refuses a header block past MaxHeaderListSize.
+	big := metadata.AppendToOutgoingContext(ctx(t), AvoidHeader, strings.Repeat(",", 64<<10))
+	_, err := tn.token.GetClusterView(big, &pb.GetClusterViewRequest{})
+	if err == nil {
+		t.Fatal("a 64 KiB header was accepted")
+	}
+}
+
+// TestHealthWatchCapped: at most MaxHealthWatches Watch streams; one more
+// is ResourceExhausted, and Check, what probes use, still answers.
+func TestHealthWatchCapped(t *testing.T) {
+	tn := newTestNode(t, func(c *Config) { c.MaxHealthWatches = 2 })
+	hc := healthpb.NewHealthClient(tn.conn)
+	for range 2 {
+		w, err := hc.Watch(ctx(t), &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := hc.Watch(ctx(t), &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	wantCode(t, err, codes.ResourceExhausted, "health Watch")
+	if _, err := hc.Check(ctx(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+}
+
+// TestBearerTokenBounded: an authorization header longer than
+// MaxAuthorizationBytes is Unauthenticated before it is looked up, and
+// counted as an auth failure.
+func TestBearerTokenBounded(t *testing.T) {
+	tok, line, err := auth.NewToken("c", auth.RoleClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	az, err := auth.New(auth.Options{TokenFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(az.Close)
+	tn := newTestNode(t, func(c *Config) { c.Security.Auth = az })
+	call := func(token string) error {
+		c := metadata.AppendToOutgoingContext(ctx(t), "authorization", "Bearer "+token)
+		_, err := tn.token.GetClusterView(c, &pb.GetClusterViewRequest{})
+		return err
+	}
+	if err := call(tok); err != nil {
+		t.Fatalf("a good token: %v", err)
+	}
+	wantCode(t, call(strings.Repeat("A", 2*MaxAuthorizationBytes)), codes.Unauthenticated, "at most 1024")
+	wantCode(t, call("short"), codes.Unauthenticated, "")
+	if got := testutil.ToFloat64(tn.node.metrics.authFailures.WithLabelValues("Unauthenticated")); got != 2 {
+		t.Fatalf("auth failures %v, want 2", got)
+	}
+}
+
+// TestMetricsTimeDecisionsAndAdmin: decision_duration_seconds times the
+// deciding calls only; admin calls are counted by method and code.
+func TestMetricsTimeDecisionsAndAdmin(t *testing.T) {
+	tn := newTestNode(t, nil)
+	tn.put(t, tokenBucket("r", 5))
+	if _, err := tn.token.GetClusterView(ctx(t), &pb.GetClusterViewRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tn.token.AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "r", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(tn.node.metrics.latency); n != len(decisionMethods) {
+		t.Fatalf("%d decision_duration series, want %d", n, len(decisionMethods))
+	}
+	if _, timed := tn.node.metrics.methods[pb.TokenService_GetClusterView_FullMethodName]; timed {
+		t.Fatal("GetClusterView is timed as a decision")
+	}
+	if got := testutil.ToFloat64(tn.node.metrics.adminCalls.WithLabelValues("PutRule", "OK")); got != 1 {
+		t.Fatalf("admin PutRule OK = %v", got)
+	}
+}
+
