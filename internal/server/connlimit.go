@@ -27,9 +27,9 @@ type limitListener struct {
 	// onTemporary is told about a temporary accept error (logged).
 	onTemporary func(error, time.Duration)
 
-	mu    sync.Mutex
-	open  int
-	byIP  map[string]int
+	mu   sync.Mutex
+	open int
+	byIP map[string]int
 }
 
 // newLimitListener wraps l with the caps; refused counts the refusals.

@@ -186,4 +186,3 @@ func TestMetricsTimeDecisionsAndAdmin(t *testing.T) {
 		t.Fatalf("admin PutRule OK = %v", got)
 	}
 }
-
