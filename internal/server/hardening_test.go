@@ -2,7 +2,7 @@ package server
 
 import (
 	"context"
-	"io"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,69 +12,75 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
+	"github.com/tokenserver/tokenserver/internal/rule"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // TestConnectionCapsPerIPAndTotal: past the per-IP or the total cap, a new
 // connection is closed at accept and counted; closing one makes room.
 func TestConnectionCapsPerIPAndTotal(t *testing.T) {
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var refused atomic.Int64
-	l := newLimitListener(raw, 3, 2, &refused, nil)
-	defer l.Close()
-	accepted := make(chan net.Conn, 10)
-	go func() {
-		for {
-			c, err := l.Accept()
+	for _, tc := range []struct {
+		name         string
+		total, perIP int
+	}{{"per IP", 10, 2}, {"total", 2, 10}} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
-				close(accepted)
-				return
+				t.Fatal(err)
 			}
-			accepted <- c
-		}
-	}()
-	dial := func() net.Conn {
-		t.Helper()
-		c, err := net.Dial("tcp", raw.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	closedByServer := func(c net.Conn) bool {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err := c.Read(make([]byte, 1))
-		return err == io.EOF || err != nil && !os.IsTimeout(err)
-	}
-	dial()
-	dial()
-	a1, a2 := <-accepted, <-accepted
-	third := dial() // the same IP, past perIP=2
-	if !closedByServer(third) {
-		t.Fatal("a third connection from one IP was not closed")
-	}
-	if refused.Load() != 1 {
-		t.Fatalf("refused %d, want 1", refused.Load())
-	}
-	a1.Close()
-	dial()
-	if c := <-accepted; c == nil {
-		t.Fatal("no room after a close")
-	}
-	a2.Close()
-	l.total = 1 // the total cap: one open (the last accepted)
-	if !closedByServer(dial()) {
-		t.Fatal("a connection past the total cap was not closed")
+			var refused atomic.Int64
+			l := newLimitListener(raw, tc.total, tc.perIP, &refused, nil)
+			defer l.Close()
+			accepted := make(chan net.Conn, 10)
+			go func() {
+				defer close(accepted)
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					accepted <- c
+				}
+			}()
+			dial := func() net.Conn {
+				t.Helper()
+				c, err := net.Dial("tcp", raw.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+			closedByServer := func(c net.Conn) bool {
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := c.Read(make([]byte, 1))
+				return err != nil && !os.IsTimeout(err)
+			}
+			dial()
+			dial()
+			a1 := <-accepted
+			<-accepted
+			if !closedByServer(dial()) {
+				t.Fatal("a third connection was not closed")
+			}
+			if refused.Load() != 1 {
+				t.Fatalf("refused %d, want 1", refused.Load())
+			}
+			a1.Close()
+			dial()
+			select {
+			case <-accepted:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no room after a close")
+			}
+		})
 	}
 }
 
@@ -184,5 +190,42 @@ func TestMetricsTimeDecisionsAndAdmin(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(tn.node.metrics.adminCalls.WithLabelValues("PutRule", "OK")); got != 1 {
 		t.Fatalf("admin PutRule OK = %v", got)
+	}
+}
+
+// TestMalformedProtobufInvalidArgument: a request that is no valid
+// protobuf is InvalidArgument, not INTERNAL, and the node serves on.
+func TestMalformedProtobufInvalidArgument(t *testing.T) {
+	tn := newTestNode(t, nil)
+	for _, body := range [][]byte{{0xff, 0xff, 0xff}, {0x0a, 0x7f, 'a'}} {
+		err := tn.conn.Invoke(ctx(t), pb.TokenService_AcquireToken_FullMethodName, &pb.AcquireTokenRequest{}, new(pb.AcquireTokenResponse), grpc.ForceCodecV2(rawCodec{body}))
+		wantCode(t, err, codes.InvalidArgument, "not a valid tokenserver.v1.AcquireTokenRequest")
+	}
+	if _, err := tn.token.GetClusterView(ctx(t), &pb.GetClusterViewRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestJoinClusterBadAddressInvalidArgument: JoinCluster with an address
+// that is not host:port is InvalidArgument naming the field.
+func TestJoinClusterBadAddressInvalidArgument(t *testing.T) {
+	tn := newTestNode(t, nil)
+	for _, tc := range []struct{ raft, grpc, field string }{
+		{"not an address", "127.0.0.1:1", "raft_addr"},
+		{"127.0.0.1:99999", "127.0.0.1:1", "raft_addr"},
+		{"127.0.0.1:1", "nohost", "grpc_addr"},
+	} {
+		_, err := tn.admin.JoinCluster(ctx(t), &pb.JoinClusterRequest{Id: "n2", RaftAddr: tc.raft, GrpcAddr: tc.grpc})
+		wantCode(t, err, codes.InvalidArgument, tc.field)
+	}
+}
+
+// TestMembershipErrorsNameTheMember: removing or draining a member the
+// cluster lacks says so, not "rule not found".
+func TestMembershipErrorsNameTheMember(t *testing.T) {
+	err := toError(memberError("ghost", fmt.Errorf("member %q: %w", "ghost", rule.ErrNotFound)))
+	wantCode(t, err, codes.NotFound, `member "ghost" is not in the cluster`)
+	if strings.Contains(err.Error(), "rule") {
+		t.Fatalf("%v speaks of a rule", err)
 	}
 }

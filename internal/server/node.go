@@ -233,7 +233,9 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 			}
 		}()
 	}
-	if n.cfg.Security.Insecure {
+	if n.cfg.Security.tlsOn() && !n.cfg.Security.authOn() && n.insecure() {
+		n.log.Warn("TLS without caller authentication: the calls are encrypted, but anyone who reaches the gRPC port can call every method; add --auth-tokens or --tls-client-ca", "node", n.data.ID())
+	} else if n.cfg.Security.Insecure {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
 	n.wg.Add(2)
