@@ -102,7 +102,7 @@ func TestProtectedModeNeedsCallerAuth(t *testing.T) {
 }
 
 // TestMemoryLimitFromBudget: without GOMEMLIMIT the soft memory limit
-// leaves the budget a quarter more and 56 MiB, under the 1.25 × budget +
+// leaves the budget a quarter more and 48 MiB, under the 1.25 × budget +
 // 64 MiB that peak RSS must stay within.
 func TestMemoryLimitFromBudget(t *testing.T) {
 	for _, budget := range []int64{1 << 20, 64 << 20, 1 << 30} {

@@ -25,14 +25,15 @@ func DefaultBucketMemory() int64 {
 
 // MemoryLimitFor is the soft memory limit (debug.SetMemoryLimit) a node
 // with bucket budget bytes sets when GOMEMLIMIT is not: 1.25 × budget +
-// 56 MiB. Live buckets never exceed the budget, so the rest is the GC's
+// 48 MiB. Live buckets never exceed the budget, so the rest is the GC's
 // headroom, gRPC buffers, the rule table and Raft; the node's peak RSS
-// stays within 1.25 × budget + 64 MiB (8 MiB for what the Go runtime
-// does not count: the binary's text, C and kernel memory). Without it
+// stays within 1.25 × budget + 64 MiB (16 MiB for what the Go runtime
+// does not count, or returns late: the binary's text, freed pages not
+// yet scavenged). Without it
 // GOGC=400 (--gc-percent) lets the heap grow to five times the live
 // buckets under a key flood.
 func MemoryLimitFor(budget int64) int64 {
-	return budget + budget/4 + 56<<20
+	return budget + budget/4 + 48<<20
 }
 
 // ParseBytes reads a size in bytes: a whole number with an optional suffix

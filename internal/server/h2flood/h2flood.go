@@ -33,6 +33,7 @@ type Conn struct {
 	GoAway atomic.Bool
 	Resets atomic.Int64
 	Closed chan struct{}
+	pongs  chan [8]byte
 }
 
 // Dial connects to addr and sends the client preface and settings.
@@ -41,7 +42,7 @@ func Dial(addr string) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
-	cn := &Conn{c: c, fr: http2.NewFramer(c, c), next: 1, Closed: make(chan struct{})}
+	cn := &Conn{c: c, fr: http2.NewFramer(c, c), next: 1, Closed: make(chan struct{}), pongs: make(chan [8]byte, 16)}
 	cn.enc = hpack.NewEncoder(&cn.buf)
 	cn.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
@@ -74,11 +75,16 @@ func (cn *Conn) read() {
 				cn.wmu.Unlock()
 			}
 		case *http2.PingFrame:
-			if !f.IsAck() {
-				cn.wmu.Lock()
-				_ = cn.fr.WritePing(true, f.Data)
-				cn.wmu.Unlock()
+			if f.IsAck() {
+				select {
+				case cn.pongs <- f.Data:
+				default:
+				}
+				continue
 			}
+			cn.wmu.Lock()
+			_ = cn.fr.WritePing(true, f.Data)
+			cn.wmu.Unlock()
 		case *http2.GoAwayFrame:
 			cn.GoAway.Store(true)
 		case *http2.RSTStreamFrame:
@@ -124,6 +130,33 @@ func (cn *Conn) Headers(path string, extra ...string) (uint32, error) {
 		rest = rest[n:]
 	}
 	return id, nil
+}
+
+// Sync sends a PING and waits for its ack, up to timeout: the server reads
+// a connection's frames in order, so once it acks, it has read every
+// frame sent before. False when no ack came (or the connection closed).
+func (cn *Conn) Sync(timeout time.Duration) bool {
+	data := [8]byte{'h', '2', 'f', 'l', 'o', 'o', 'd', '!'}
+	cn.wmu.Lock()
+	err := cn.fr.WritePing(false, data)
+	cn.wmu.Unlock()
+	if err != nil {
+		return false
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case d := <-cn.pongs:
+			if d == data {
+				return true
+			}
+		case <-cn.Closed:
+			return false
+		case <-t.C:
+			return false
+		}
+	}
 }
 
 // Reset cancels stream id (RST_STREAM CANCEL).
