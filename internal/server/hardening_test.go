@@ -229,3 +229,22 @@ func TestMembershipErrorsNameTheMember(t *testing.T) {
 		t.Fatalf("%v speaks of a rule", err)
 	}
 }
+
+// TestAllowedDecisionHasNoLimitReason: a plain allow carries no reason; a
+// denial by the limit says LIMIT.
+func TestAllowedDecisionHasNoLimitReason(t *testing.T) {
+	tn := newTestNode(t, nil)
+	tn.put(t, tokenBucket("r", 1))
+	for _, want := range []struct {
+		allowed bool
+		reason  pb.Reason
+	}{{true, pb.Reason_REASON_UNSPECIFIED}, {false, pb.Reason_LIMIT}} {
+		resp, err := tn.token.AcquireToken(ctx(t), &pb.AcquireTokenRequest{Rule: "r", Key: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetAllowed() != want.allowed || resp.GetReason() != want.reason {
+			t.Fatalf("allowed %v reason %v, want %v %v", resp.GetAllowed(), resp.GetReason(), want.allowed, want.reason)
+		}
+	}
+}

@@ -78,7 +78,12 @@ func (n *Node) decide(t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, 
 	resp.WaitBeforeNs = d.WaitBefore
 	resp.RuleVersion = c.Rule.Version
 	resp.Epoch = epoch
-	resp.Reason = pb.Reason(d.Reason)
+	// Reason says why a decision went as it did; an algorithm's plain
+	// allow has none (LIMIT is for what the limit denied, or a shadow rule
+	// would have).
+	if !d.Allowed || d.ShadowDenied || d.Reason != shard.ReasonLimit {
+		resp.Reason = pb.Reason(d.Reason)
+	}
 	resp.ShadowDenied = d.ShadowDenied
 	return d.Grant, nil
 }
