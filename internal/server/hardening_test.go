@@ -248,3 +248,84 @@ func TestAllowedDecisionHasNoLimitReason(t *testing.T) {
 		}
 	}
 }
+
+// TestViewStreamsCappedPerPrincipal: one caller holds at most
+// MaxViewStreamsPerPrincipal WatchClusterView streams; one more is
+// ResourceExhausted naming the cap per caller, and a freed slot is reused.
+func TestViewStreamsCappedPerPrincipal(t *testing.T) {
+	tn := newTestNode(t, func(c *Config) { c.MaxViewStreamsPerPrincipal = 2 })
+	open := func() (pb.TokenService_WatchClusterViewClient, context.CancelFunc, error) {
+		c, cancel := context.WithCancel(ctx(t))
+		w, err := tn.token.WatchClusterView(c, &pb.GetClusterViewRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		return w, cancel, err
+	}
+	_, cancel1, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := open(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = open()
+	wantCode(t, err, codes.ResourceExhausted, "the cap per caller")
+	cancel1()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, _, err = open(); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("a freed slot is not reused: %v", err)
+	}
+}
+
+// TestViewSentOnlyWhenChanged: a stream that asks for heartbeats gets the
+// whole view, then small heartbeats (no members, no rules) while nothing
+// changes, and the whole view again after a change.
+func TestViewSentOnlyWhenChanged(t *testing.T) {
+	tn := newTestNode(t, nil)
+	tn.put(t, tokenBucket("a", 1))
+	c := metadata.AppendToOutgoingContext(ctx(t), ViewHeartbeatHeader, "1")
+	w, err := tn.token.WatchClusterView(c, &pb.GetClusterViewRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Recv()
+	if err != nil || len(first.GetRules()) != 1 {
+		t.Fatalf("first message: %v rules, %v", len(first.GetRules()), err)
+	}
+	beat, err := w.Recv() // after ViewHeartbeat
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(beat.GetRules()) != 0 || len(beat.GetMembers()) != 0 || beat.GetEpoch() != first.GetEpoch() || beat.GetAnsweredBy() != first.GetAnsweredBy() {
+		t.Fatalf("heartbeat %v, want the epoch and no rules or members", beat)
+	}
+	tn.put(t, tokenBucket("b", 1))
+	for {
+		v, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v.GetRules()) == 2 {
+			break
+		}
+		if len(v.GetRules()) != 0 {
+			t.Fatalf("a view of %d rules after the change", len(v.GetRules()))
+		}
+	}
+	// Without the header every message is the whole view.
+	w2, err := tn.token.WatchClusterView(ctx(t), &pb.GetClusterViewRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if v, err := w2.Recv(); err != nil || len(v.GetRules()) != 2 {
+			t.Fatalf("%v rules, %v", len(v.GetRules()), err)
+		}
+	}
+}
