@@ -168,6 +168,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("MaxViewStreamsPerPrincipal must be >= 0, got %d", c.MaxViewStreamsPerPrincipal)
 	case c.MetricsAuth != "" && c.MetricsAuth != "open" && c.MetricsAuth != "token":
 		return fmt.Errorf("MetricsAuth must be open or token, got %q", c.MetricsAuth)
+	case c.MetricsAuth == "token" && !c.Security.authOn():
+		return errors.New("MetricsAuth token needs bearer tokens: set Security.Auth (--auth-tokens)")
 	case c.DrainLinger < 0:
 		return fmt.Errorf("DrainLinger must be >= 0, got %v", c.DrainLinger)
 	}

@@ -106,7 +106,7 @@ func newMetrics(n *Node) *metrics {
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
 	m.reg.MustRegister(m.latency, m.batch, m.adminCalls, m.authFailures, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
-		&nodeCollector{n: n},
+		&nodeCollector{n: n}, certCollector{sec: &n.cfg.Security},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -238,6 +238,7 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	} else if n.cfg.Security.Insecure {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
+	n.warnExpiring(time.Now())
 	n.wg.Add(2)
 	go n.sweep()
 	go n.watchReadiness()
