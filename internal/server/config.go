@@ -72,6 +72,11 @@ type Config struct {
 	// caller: one authenticated principal, or one remote IP address when
 	// authentication is off (0: DefaultMaxViewStreamsPerPrincipal).
 	MaxViewStreamsPerPrincipal int
+	// ForwardTimeout bounds a forwarded data-plane call's first attempt
+	// on the key's owner, after which the key's next owner decides; the
+	// attempt also gets at most half of the caller's time left
+	// (0: DefaultForwardTimeout).
+	ForwardTimeout time.Duration
 	// MetricsAuth protects /metrics: "" or "open" serves it to anyone,
 	// "token" asks for a bearer token of --auth-tokens whose principal
 	// has the viewer role (metrics name rules and show their traffic).
@@ -112,6 +117,7 @@ const (
 	DefaultMaxHTTPConnsPerIP          = 64
 	DefaultMaxHealthWatches           = 256
 	DefaultMaxViewStreamsPerPrincipal = 256
+	DefaultForwardTimeout             = time.Second
 )
 
 // DefaultConfig returns the configuration of the no-flag single node.
@@ -156,6 +162,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("ShutdownGrace must be >= 0, got %v", c.ShutdownGrace)
 	case c.MaxViewStreams < 0:
 		return fmt.Errorf("MaxViewStreams must be >= 0, got %d", c.MaxViewStreams)
+	case c.ForwardTimeout < 0:
+		return fmt.Errorf("ForwardTimeout must be >= 0, got %v", c.ForwardTimeout)
 	case c.ConnectionTimeout < 0:
 		return fmt.Errorf("ConnectionTimeout must be >= 0, got %v", c.ConnectionTimeout)
 	case c.MaxHeaderListSize != 0 && c.MaxHeaderListSize < 1<<10:

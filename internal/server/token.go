@@ -99,7 +99,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		acquire := func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
 			return c.AcquireToken(ctx, req)
 		}
-		resp, err := toOwner(ctx, s.n, owner, acquire)
+		resp, err := tryOwner(ctx, s.n, owner, acquire)
 		if err == nil || !unreachable(err) {
 			return resp, err
 		}
