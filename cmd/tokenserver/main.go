@@ -149,6 +149,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.MaxHTTPConnsPerIP, "max-http-conns-per-ip", server.DefaultMaxHTTPConnsPerIP, "most HTTP connections from one remote IP address")
 	fs.IntVar(&o.cfg.MaxHealthWatches, "max-health-watches", server.DefaultMaxHealthWatches, "most gRPC health Watch streams at once (Check, what probes use, is not capped)")
 	fs.IntVar(&o.cfg.MaxViewStreamsPerPrincipal, "max-view-streams-per-principal", server.DefaultMaxViewStreamsPerPrincipal, "most WatchClusterView streams of one caller (its principal, or its IP address without authentication)")
+	fs.DurationVar(&o.cfg.ForwardTimeout, "forward-timeout", server.DefaultForwardTimeout, "most time the first attempt of a call forwarded to a key's owner gets (and at most half the caller's time left) before the key's next owner decides")
 	fs.StringVar(&o.cfg.MetricsAuth, "metrics-auth", "open", "who may read /metrics (rule names and traffic): open, or token (a bearer token of --auth-tokens with the viewer role)")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")

@@ -33,6 +33,7 @@ type metrics struct {
 	admin        map[string]adminCounter
 	adminCalls   *prometheus.CounterVec
 	authFailures *prometheus.CounterVec
+	ruleConfirms prometheus.Counter
 }
 
 // adminCounter counts one AdminService method's calls.
@@ -84,6 +85,10 @@ func newMetrics(n *Node) *metrics {
 			Name: "tokenserver_auth_failures_total",
 			Help: "gRPC calls refused by authentication or authorization, by gRPC code (Unauthenticated, PermissionDenied).",
 		}, []string{"code"}),
+		ruleConfirms: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenserver_rule_confirmations_total",
+			Help: "Data-plane calls for a rule this node did not know, checked with the leader before answering NOT_FOUND.",
+		}),
 		apply: n.hooks.apply,
 	}
 	m.methods = map[string]prometheus.Observer{}
@@ -105,7 +110,7 @@ func newMetrics(n *Node) *metrics {
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
-	m.reg.MustRegister(m.latency, m.batch, m.adminCalls, m.authFailures, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
+	m.reg.MustRegister(m.latency, m.batch, m.adminCalls, m.authFailures, m.ruleConfirms, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
 		&nodeCollector{n: n}, certCollector{sec: &n.cfg.Security},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -86,6 +86,9 @@ type Node struct {
 	// forwarded marker counts only from peers (TLS or auth is on).
 	auth      *auth.Authenticator
 	peersOnly bool
+	// confirms holds a slot per leader read of an unknown rule in flight
+	// (confirmRule).
+	confirms chan struct{}
 	// refusedGRPC and refusedHTTP count connections closed at a cap.
 	refusedGRPC, refusedHTTP atomic.Int64
 
@@ -121,6 +124,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		now:       cfg.Clock,
 		health:    health.NewServer(),
 		done:      make(chan struct{}),
+		confirms:  make(chan struct{}, maxRuleConfirms),
 	}
 	// The rule count cap is still process-wide in internal/rule; it moves
 	// into the rule set's configuration there.

@@ -251,7 +251,7 @@ func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.A
 			continue
 		}
 		resp := new(pb.AcquireTokenResponse)
-		g, err := n.decide(t, v.Epoch, items[i], resp)
+		g, err := n.decide(ctx, t, v.Epoch, items[i], resp)
 		if err != nil {
 			st := toStatus(err)
 			n.metrics.observeError(st.Code())
