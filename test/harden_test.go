@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/tokenserver/tokenserver/internal/testcluster"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -38,5 +40,22 @@ func drainTrial(t *testing.T, drainLeader bool) {
 			t.Fatalf("the drained member's /readyz answers ready again (leader: %v)", drainLeader)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestNoTLSNoCertificatesLog: a node without TLS does not log that
+// certificates were loaded; a node with TLS does.
+func TestNoTLSNoCertificatesLog(t *testing.T) {
+	plain, _ := single(t)
+	pki := testcluster.NewPKI(t, "n0")
+	cert, key := pki.NodeFiles("n0")
+	tlsNode, _ := single(t, "--tls-cert", cert, "--tls-key", key)
+	plain.stop(t)
+	tlsNode.stop(t)
+	if strings.Contains(plain.logs.String(), "certificates loaded") {
+		t.Fatal("a node without TLS logs that certificates were loaded")
+	}
+	if !strings.Contains(tlsNode.logs.String(), "certificates loaded") {
+		t.Fatal("a node with TLS does not log its certificates")
 	}
 }

@@ -329,3 +329,53 @@ func TestViewSentOnlyWhenChanged(t *testing.T) {
 		}
 	}
 }
+
+// tempErr is an accept error that says it is temporary (EMFILE's kind).
+type tempErr struct{}
+
+func (tempErr) Error() string   { return "accept: too many open files" }
+func (tempErr) Temporary() bool { return true }
+func (tempErr) Timeout() bool   { return false }
+
+// flakyListener fails its first n accepts with a temporary error.
+type flakyListener struct {
+	net.Listener
+	fails atomic.Int64
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, tempErr{}
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptRetriesTemporaryErrors: out of file descriptors, the gRPC and
+// HTTP listeners retry with backoff and report each failure, instead of
+// returning (which ends the server for good).
+func TestAcceptRetriesTemporaryErrors(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &flakyListener{Listener: raw}
+	fl.fails.Store(3)
+	var refused atomic.Int64
+	var reported []time.Duration
+	l := newLimitListener(fl, 10, 10, &refused, func(_ error, d time.Duration) { reported = append(reported, d) })
+	defer l.Close()
+	go func() {
+		if c, err := net.Dial("tcp", raw.Addr().String()); err == nil {
+			defer c.Close()
+			time.Sleep(time.Second)
+		}
+	}()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatalf("Accept returned %v", err)
+	}
+	c.Close()
+	if len(reported) != 3 || reported[0] <= 0 || reported[2] <= reported[0] {
+		t.Fatalf("temporary errors reported with delays %v, want 3 growing", reported)
+	}
+}
