@@ -6,6 +6,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -302,5 +304,52 @@ func memoryFlood(t *testing.T, budget int64) {
 	}
 	if hwm > bound {
 		t.Fatalf("peak RSS %d MiB > 1.25 × budget + 64 MiB = %d MiB", hwm/mib, bound/mib)
+	}
+}
+
+// TestIdleConnectionsCapped: 300 idle TCP connections from one address
+// to a node of --max-conns-per-ip 100: the ones past the cap are closed
+// at once, the others when --connection-timeout (1 s) passes without an
+// HTTP/2 preface, and the node serves a real client from that address
+// again once they are gone (from other addresses it serves throughout).
+func TestIdleConnectionsCapped(t *testing.T) {
+	s, conn := single(t, "--max-conns-per-ip", "100", "--connection-timeout", "1s")
+	var conns []net.Conn
+	for range 300 {
+		c, err := net.DialTimeout("tcp", s.grpcAddr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	start := time.Now()
+	closedBy := func(c net.Conn, d time.Duration) bool {
+		c.SetReadDeadline(start.Add(d))
+		_, err := io.Copy(io.Discard, c)
+		return err == nil // EOF: the node closed it
+	}
+	early := 0
+	for _, c := range conns[100:] {
+		if closedBy(c, 500*time.Millisecond) {
+			early++
+		}
+	}
+	late := 0
+	for _, c := range conns[:100] {
+		if closedBy(c, 5*time.Second) {
+			late++
+		}
+	}
+	t.Logf("FIGURE idle-conns: of 300, %d past the cap closed at accept, %d closed by the connection timeout after %v", early, late, time.Since(start).Round(time.Millisecond))
+	if early < 190 || late < 100 {
+		t.Fatalf("%d of 200 past the cap closed at once, %d of 100 within the connection timeout", early, late)
+	}
+	if _, err := pb.NewTokenServiceClient(conn).GetClusterView(withTimeout(t, 10*time.Second), &pb.GetClusterViewRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("after the idle connections: %v", err)
 	}
 }
