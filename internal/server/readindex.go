@@ -60,6 +60,9 @@ func (n *Node) confirmRule(ctx context.Context, name string) *rule.Compiled {
 // leaderHas reports whether the leader's table holds rule name, by a
 // current read on the leader (this node, or the leader over gRPC).
 func (n *Node) leaderHas(ctx context.Context, name string) bool {
+	if id, _ := n.data.Leader(); id == "" {
+		return false // no leader to ask (a minority, an election): the local table answers
+	}
 	n.metrics.ruleConfirms.Inc()
 	_, err := n.control.Get(ctx, name)
 	var le *rule.LeaderError
