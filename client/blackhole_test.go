@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/server"
 )
@@ -34,7 +35,11 @@ func TestBlackholedServer(t *testing.T) {
 	}
 	defer proxy.Stop()
 	// The node advertises the proxy, so the SDK routes through it.
-	store := rule.NewMemStore()
+	store, err := raftfsm.NewInmem("solo", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
 	cfg := server.DefaultConfig()
 	cfg.GRPCAddr, cfg.HTTPAddr = proxy.Listen, ""
 	node, err := server.New(cfg, server.NewStandalone("solo", proxy.Listen, store).Deps())

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/server"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -28,14 +29,14 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testServer is one tokenserver node without Raft (a standalone cluster
-// over a MemStore) on 127.0.0.1, served by a gRPC server of the test's own
+// testServer is one tokenserver node (a standalone cluster over a
+// one-node in-memory Raft store) on 127.0.0.1, served by a gRPC server of the test's own
 // with an interceptor that can delay and fail calls, and that can be
 // stopped hard and started again on the same address.
 type testServer struct {
 	t     testing.TB
 	addr  string
-	store *rule.MemStore
+	store *raftfsm.Node
 	node  *server.Node
 	old   []*server.Node // replaced by restarts
 
@@ -55,7 +56,12 @@ func newTestServer(t testing.TB) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{t: t, addr: lis.Addr().String(), store: rule.NewMemStore()}
+	store, err := raftfsm.NewInmem("solo", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	ts := &testServer{t: t, addr: lis.Addr().String(), store: store}
 	ts.newNode()
 	ts.serve(lis)
 	t.Cleanup(func() {
@@ -108,7 +114,7 @@ func (ts *testServer) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	if strings.Contains(info.FullMethod, "Acquire") {
 		if left := ts.notReady.Load(); left < 0 || (left > 0 && ts.notReady.CompareAndSwap(left, left-1)) {
-			st, _ := status.New(codes.Unavailable, "injected: not ready").WithDetails(&errdetails.ErrorInfo{Reason: notReadyReason})
+			st, _ := status.New(codes.Unavailable, "injected: not ready").WithDetails(&errdetails.ErrorInfo{Reason: pb.NotReadyReason})
 			return nil, st.Err()
 		}
 	}

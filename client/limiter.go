@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenserver/tokenserver/internal/backoff"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -179,7 +180,8 @@ func (l *Limiter) ask(ctx context.Context, st *viewState, key string, req *pb.Ac
 	cctx, cancel := l.c.callContext(ctx)
 	defer cancel()
 	var skip []*node
-	for attempt := 0; ; attempt++ {
+	var bo *backoff.Backoff // only a pause needs one
+	for {
 		n, avoid := l.c.pick(st, key, skip)
 		if n == nil {
 			return nil, status.Error(codes.Unavailable, "no cluster view yet")
@@ -190,20 +192,16 @@ func (l *Limiter) ask(ctx context.Context, st *viewState, key string, req *pb.Ac
 		}
 		if !slices.Contains(skip, n) {
 			skip = append(skip, n) // try the next candidate at once
-		} else if !pause(cctx, fullJitter(min(attempt, 4), time.Millisecond, 20*time.Millisecond)) {
-			return nil, err
+		} else {
+			if bo == nil {
+				bo = backoff.New(backoff.Policy{Base: time.Millisecond, Max: 16 * time.Millisecond})
+			}
+			if !bo.Sleep(cctx, time.Millisecond) {
+				return nil, err
+			}
 		}
 		st = l.c.state.Load() // a view may have come meanwhile
 	}
-}
-
-// pause waits d unless ctx's deadline would leave less than a millisecond
-// after it; false when it did not wait (or ctx ended).
-func pause(ctx context.Context, d time.Duration) bool {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d+time.Millisecond {
-		return false
-	}
-	return sleep(ctx, d) == nil
 }
 
 // callContext bounds ctx by the call timeout.

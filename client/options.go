@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // Defaults of the Client's options.
@@ -19,8 +20,8 @@ const (
 	// into one AcquireTokens RPC.
 	DefaultCoalesceWindow = 200 * time.Microsecond
 	// MaxBatch is the most items one AcquireTokens RPC carries (the
-	// server's limit).
-	MaxBatch = 1000
+	// server's limit, pb.MaxBatch).
+	MaxBatch = pb.MaxBatch
 	// DefaultMaxLocalLimiters bounds the local fallback limiters (one per
 	// rule and key), least recently used first out.
 	DefaultMaxLocalLimiters = 10_000

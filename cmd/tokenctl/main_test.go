@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 )
 
@@ -28,7 +28,12 @@ func startServer(t *testing.T) string {
 	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = ""
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	n, err := server.New(cfg, server.NewStandalone("node-1", cfg.GRPCAddr, rule.NewMemStore()).Deps())
+	store, err := raftfsm.NewInmem("node-1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	n, err := server.New(cfg, server.NewStandalone("node-1", cfg.GRPCAddr, store).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,19 +278,19 @@ func TestApplyErrors(t *testing.T) {
 		want       []string // all in the error
 	}{
 		{"malformed", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n---\nname: b\nlimit: 5\n  period: 1s\n",
-			[]string{"document 2", "line 8"}},
-		{"unclosed flow", "name: [\n", []string{"document 1", "line"}},
+			[]string{"<stdin>: ", "line 8"}},
+		{"unclosed flow", "name: [\n", []string{"<stdin>: ", "line 1"}},
 		{"unknown field", "- name: a\n  algorithm: TOKEN_BUCKET\n  limit: 1\n  period: 1s\n- name: b\n  algorithm: TOKEN_BUCKET\n  limit: 1\n  sampleCont: 3\n  period: 1s\n",
-			[]string{"document 1", "line 8", `unknown field "sampleCont"`, `rule "b"`}},
-		{"bad enum", "name: a\nalgorithm: TOKEN_BUCKT\nlimit: 1\nperiod: 1s\n", []string{"line 2", "TOKEN_BUCKT"}},
-		{"bad duration", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: soon\n", []string{"line 4", "soon"}},
+			[]string{"<stdin>:8:3: ", `unknown field "sampleCont"`, `rule "b"`}},
+		{"bad enum", "name: a\nalgorithm: TOKEN_BUCKT\nlimit: 1\nperiod: 1s\n", []string{"<stdin>:2:12: ", "TOKEN_BUCKT"}},
+		{"bad duration", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: soon\n", []string{"<stdin>:4:9: ", "soon"}},
 		{"invalid rule", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n---\nname: b\nalgorithm: SLIDING_WINDOW\nlimit: 1\nperiod: 1s\nsampleCount: 3\n",
-			[]string{"document 2", "line 10", "sample_count"}},
-		{"duplicate key", "name: a\nname: b\n", []string{"line 2", "name"}},
+			[]string{"<stdin>:10:1: ", "sample_count"}},
+		{"duplicate key", "name: a\nname: b\n", []string{"<stdin>:2:1: ", "name"}},
 		{"duplicate rule", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n---\nname: a\nalgorithm: TOKEN_BUCKET\nlimit: 2\nperiod: 1s\n",
-			[]string{"document 2", `rule "a" appears again`}},
-		{"beside rules", "rules: []\nextra: 1\n", []string{"line 2", "extra"}},
-		{"scalar", "just text\n", []string{"document 1", "want a rule"}},
+			[]string{"<stdin>:6:1: ", `rule "a" appears again`, "first at <stdin>:1:1"}},
+		{"beside rules", "rules: []\nextra: 1\n", []string{"<stdin>:2:1: ", "extra"}},
+		{"scalar", "just text\n", []string{"<stdin>:1:1: ", "want a rule"}},
 		{"empty", "---\n# nothing\n---\n", []string{"no rules"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -58,14 +58,25 @@ func (a *app) context(cmd *cobra.Command, extra time.Duration) (context.Context,
 }
 
 // dial returns a client connection to --server, with TLS and a bearer
-// token when the security flags say so. grpc.NewClient does not connect:
-// the first call does, and fails with Unavailable when nothing answers.
+// token when the security flags say so, whose calls wait for the server and
+// retry Unavailable until their deadline (rpc.go). grpc.NewClient does not
+// connect: the first call does.
 func (a *app) dial() (*grpc.ClientConn, error) {
+	return a.dialWith(a.retryDialOptions()...)
+}
+
+// dialDirect is dial without waiting or retries: a call fails at once when
+// the server cannot be reached (bench's load).
+func (a *app) dialDirect() (*grpc.ClientConn, error) {
+	return a.dialWith()
+}
+
+func (a *app) dialWith(extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts, err := a.sec.dialOptions()
 	if err != nil {
 		return nil, err
 	}
-	c, err := grpc.NewClient(a.server, opts...)
+	c, err := grpc.NewClient(a.server, append(opts, extra...)...)
 	if err != nil {
 		return nil, usagef("--server %q: %v", a.server, err)
 	}
@@ -92,8 +103,9 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `tokenctl drives a tokenserver over gRPC.
 
 Results go to stdout, as a table or, with -o json, as JSON; logs and progress
-go to stderr. Calls that fail with Unavailable are retried with exponential
-backoff and jitter until --timeout, the deadline of the whole command.
+go to stderr. Calls wait for the server and are retried while it answers
+Unavailable, with exponential backoff and jitter, until --timeout, the
+deadline of the whole command.
 
 Exit codes: 0 when the command did its work (a denied acquire is a result,
 not an error); 1 on an error (InvalidArgument, NotFound, an unreachable
@@ -145,6 +157,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 		newTokenCmd(a),
 		newNodeCmd(a),
 		newVersionCmd(a),
+		newEnvoyCmd(a),
 	)
 	return root
 }

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -23,7 +22,9 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenserver/tokenserver/internal/filewatch"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // Source is where a principal's identity comes from.
@@ -243,39 +244,30 @@ type Authenticator struct {
 	log     *slog.Logger
 	enabled bool
 	tokens  atomic.Pointer[tokenTable]
-
-	mu         sync.Mutex // serializes reloads
-	digest     [32]byte   // of the token file's content in use
-	lastFailed [32]byte
-
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	watch   *filewatch.Watcher // the token file; nil without one
 }
 
 // New loads the token file, if any, and polls it for changes until Close.
 func New(o Options) (*Authenticator, error) {
-	a := &Authenticator{o: o, log: o.Logger, enabled: o.TokenFile != "" || o.ClientCerts, stop: make(chan struct{})}
+	a := &Authenticator{o: o, log: o.Logger, enabled: o.TokenFile != "" || o.ClientCerts}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
 	empty := tokenTable{}
 	a.tokens.Store(&empty)
 	if o.TokenFile != "" {
-		t, d, err := readTokens(o.TokenFile)
+		w, err := filewatch.New(filewatch.Options{
+			Paths:    []string{o.TokenFile},
+			Interval: o.ReloadInterval,
+			Load:     a.load,
+			OnError: func(err error) {
+				a.log.Warn("auth: token file reload failed; the previous tokens stay", "error", err)
+			},
+		})
 		if err != nil {
 			return nil, fmt.Errorf("--auth-tokens: %w", err)
 		}
-		a.tokens.Store(&t)
-		a.digest = d
-		interval := o.ReloadInterval
-		if interval == 0 {
-			interval = 5 * time.Second
-		}
-		if interval > 0 {
-			a.wg.Add(1)
-			go a.poll(interval)
-		}
+		a.watch = w
 	}
 	return a, nil
 }
@@ -285,46 +277,32 @@ func (a *Authenticator) Enabled() bool { return a.enabled }
 
 // Close stops polling the token file.
 func (a *Authenticator) Close() {
-	a.stopOnce.Do(func() { close(a.stop) })
-	a.wg.Wait()
+	if a.watch != nil {
+		a.watch.Close()
+	}
 }
 
-func (a *Authenticator) poll(interval time.Duration) {
-	defer a.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.stop:
-			return
-		case <-t.C:
-			if err := a.Reload(); err != nil {
-				a.log.Warn("auth: token file reload failed; the previous tokens stay", "error", err)
-			}
-		}
+// load installs the tokens of the token file's content (filewatch calls it
+// once from New, then on each change).
+func (a *Authenticator) load(c filewatch.Content) error {
+	t, err := parseTokens(c.Files[0].Data, a.o.TokenFile)
+	if err != nil {
+		return err
 	}
+	a.tokens.Store(&t)
+	if c.Generation > 1 { // a reload, not New's load
+		a.log.Info("auth: token file loaded", "file", a.o.TokenFile, "tokens", len(t))
+	}
+	return nil
 }
 
 // Reload re-reads the token file now; on an error the previous tokens
 // stay.
 func (a *Authenticator) Reload() error {
-	if a.o.TokenFile == "" {
+	if a.watch == nil {
 		return nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	t, d, err := readTokens(a.o.TokenFile)
-	if d == a.digest || (err != nil && d == a.lastFailed) {
-		return nil
-	}
-	if err != nil {
-		a.lastFailed = d
-		return err
-	}
-	a.tokens.Store(&t)
-	a.digest = d
-	a.log.Info("auth: token file loaded", "file", a.o.TokenFile, "tokens", len(t))
-	return nil
+	return a.watch.Check()
 }
 
 // Errors of Authorize.
@@ -370,7 +348,7 @@ func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (conte
 // PrincipalHeader carries, on a write a node forwards to another (a
 // follower to the leader), the caller it forwards for. It counts only
 // from a peer.
-const PrincipalHeader = "x-tokenserver-principal"
+const PrincipalHeader = pb.PrincipalHeader
 
 // ForwardContext returns ctx for forwarding the call in it to another node:
 // with PrincipalHeader naming the caller (Actor), so that the leader logs

@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strings"
 )
 
@@ -50,16 +49,6 @@ func parseTokens(data []byte, name string) (tokenTable, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return t, nil
-}
-
-func readTokens(name string) (tokenTable, [32]byte, error) {
-	data, err := os.ReadFile(name)
-	if err != nil {
-		return nil, [32]byte{}, fmt.Errorf("read token file: %w", err)
-	}
-	d := sha256.Sum256(data)
-	t, err := parseTokens(data, name)
-	return t, d, err
 }
 
 // NewToken returns a random bearer token (256 bits, URL-safe base64) and

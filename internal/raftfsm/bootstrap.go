@@ -58,7 +58,7 @@ func (n *Node) bootstrapExpect() {
 				reached++
 				continue
 			}
-			info, err := probe(n.layer.dial, p.RaftAddr, 2*time.Second)
+			info, err := n.probePeer(p.RaftAddr, 2*time.Second)
 			if err != nil {
 				if attempt%10 == 0 {
 					n.log.Info("waiting for bootstrap peer", "peer", p.ID, "raft_addr", p.RaftAddr, "err", err)

@@ -1,8 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,111 +14,53 @@ import (
 	"github.com/tokenserver/tokenserver/internal/rule"
 )
 
-// Log entry types: the first byte of every entry. An entry whose type has
-// ignoreUnknown set may be skipped by a node that does not know it; any
-// other unknown type stops the node, since applying less than the others
-// would let replicas diverge.
-const (
-	entryPutRule      byte = 1
-	entryDeleteRule   byte = 2
-	entrySetMember    byte = 3
-	entryRemoveMember byte = 4
-	entrySetView      byte = 5
-	entryRestoreRules byte = 6
-	entryDrainMember  byte = 7
-
-	ignoreUnknown byte = 0x80
-)
-
-// putRuleEntry creates or replaces a rule.
-type putRuleEntry struct {
-	Rule     *rule.Rule `json:"rule"`
-	Expected *uint64    `json:"expected,omitempty"`
-	// MaxRules is the proposing leader's cap on rules (0: none).
-	MaxRules int `json:"max_rules,omitempty"`
-}
-
-// deleteRuleEntry deletes a rule.
-type deleteRuleEntry struct {
-	Name     string  `json:"name"`
-	Expected *uint64 `json:"expected,omitempty"`
-}
-
-// memberEntry records a member's addresses (setMember) or forgets it
-// (removeMember: only ID is read).
-type memberEntry struct {
-	Member memberInfo `json:"member"`
-}
-
-// setMemberEntry, removeMemberEntry and drainMemberEntry are memberEntry
-// decoded from the entry types that record a member's addresses, forget
-// it, and take it out of the view before it shuts down.
-type (
-	setMemberEntry    memberEntry
-	removeMemberEntry memberEntry
-	drainMemberEntry  memberEntry
-)
-
-// restoreEntry replaces the whole rule table.
-type restoreEntry struct {
-	Rules []*rule.Rule `json:"rules"`
-}
-
-// viewEntry sets the routing view: the ids of the members that own keys.
-type viewEntry struct {
-	Live []string `json:"live"`
-}
-
 // memberInfo is what the FSM keeps about a member.
 type memberInfo struct {
-	ID       string `json:"id"`
-	GRPCAddr string `json:"grpc_addr"`
-	RaftAddr string `json:"raft_addr"`
+	ID       string
+	GRPCAddr string
+	RaftAddr string
 	// WasLive is set once the member has been in the view: coming back
 	// after a drop then takes the longer healthy period.
-	WasLive bool `json:"was_live,omitempty"`
+	WasLive bool
 	// Draining is set when the member leaves the view to shut down; it
 	// stays out of the view until it registers again on start.
-	Draining bool `json:"draining,omitempty"`
-}
-
-// encode makes a log entry of a type byte and a JSON payload.
-func encode(t byte, v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("encode entry %d: %w", t, err)
-	}
-	return append([]byte{t}, b...), nil
+	Draining bool
 }
 
 // applyResult is what FSM.Apply returns for an entry.
 type applyResult struct {
-	rule *rule.Rule
-	err  error
+	rule    *rule.Rule
+	envoy   *EnvoyDomain // the Envoy domain a put stored
+	changed int          // Envoy domains a sync changed
+	err     error
 }
 
 // fsmState is the replicated state: rules, members and the view. It is
 // immutable once published.
 type fsmState struct {
-	Index     uint64                `json:"index"`
-	Rules     map[string]*rule.Rule `json:"rules"`
-	Members   map[string]memberInfo `json:"members"`
-	Live      []string              `json:"live"`
-	ViewEpoch uint64                `json:"view_epoch"`
+	Index     uint64
+	Rules     *rule.Set
+	Members   map[string]memberInfo
+	Live      []string
+	ViewEpoch uint64
+	// Envoy holds the Envoy domains by name (envoy.go); changed by
+	// copy-on-write. EnvoyIndex is the index of its last change.
+	Envoy      map[string]EnvoyDomain
+	EnvoyIndex uint64
 }
 
 func newState() *fsmState {
-	return &fsmState{Rules: map[string]*rule.Rule{}, Members: map[string]memberInfo{}}
+	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}}
 }
 
-// clone copies the state for one entry to change, except the rule map:
+// clone copies the state for one entry to change, except the rule set:
 // only the FSM's goroutine (Apply, Restore, Snapshot) reads or writes it,
 // so it is changed in place and a rule write costs the same with 10 or
 // 10,000 rules; Snapshot copies it for Persist, which runs concurrently.
 // Rules themselves are immutable once stored.
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
-		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch}
+		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put
@@ -191,8 +131,8 @@ func (f *FSM) publish(s *fsmState, ch ruleChange) {
 	old := f.state.Load()
 	f.state.Store(s)
 	if ch.all || old == nil {
-		rules := make([]*rule.Rule, 0, len(s.Rules))
-		for _, r := range s.Rules {
+		rules := make([]*rule.Rule, 0, s.Rules.Len())
+		for _, r := range s.Rules.All() {
 			rules = append(rules, r)
 		}
 		prev := f.table.Load()
@@ -212,71 +152,6 @@ func (f *FSM) publish(s *fsmState, ch ruleChange) {
 	}
 }
 
-// errUnknownEntry is an entry type this node does not know.
-var errUnknownEntry = errors.New("unknown log entry type: this node is older than the cluster; upgrade it")
-
-// decodeEntry decodes a command entry into its typed payload. An unknown
-// type with ignoreUnknown set decodes to nil; any other unknown type is
-// errUnknownEntry.
-func decodeEntry(data []byte) (byte, any, error) {
-	if len(data) == 0 {
-		return 0, nil, errors.New("empty entry")
-	}
-	t, payload := data[0], data[1:]
-	var v any
-	switch t {
-	case entryPutRule:
-		var e putRuleEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return t, nil, fmt.Errorf("rule entry: %w", err)
-		}
-		if e.Rule == nil {
-			return t, nil, errors.New("rule entry without a rule")
-		}
-		v = e
-	case entryDeleteRule:
-		var e deleteRuleEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return t, nil, fmt.Errorf("delete entry: %w", err)
-		}
-		v = e
-	case entryRestoreRules:
-		var e restoreEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return t, nil, fmt.Errorf("restore entry: %w", err)
-		}
-		v = e
-	case entrySetMember, entryRemoveMember, entryDrainMember:
-		var e memberEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return t, nil, fmt.Errorf("member entry: %w", err)
-		}
-		if e.Member.ID == "" {
-			return t, nil, errors.New("member entry without an id")
-		}
-		switch t {
-		case entrySetMember:
-			v = setMemberEntry(e)
-		case entryRemoveMember:
-			v = removeMemberEntry(e)
-		default:
-			v = drainMemberEntry(e)
-		}
-	case entrySetView:
-		var e viewEntry
-		if err := json.Unmarshal(payload, &e); err != nil {
-			return t, nil, fmt.Errorf("view entry: %w", err)
-		}
-		v = e
-	default:
-		if t&ignoreUnknown != 0 {
-			return t, nil, nil
-		}
-		return t, nil, fmt.Errorf("type %d: %w", t, errUnknownEntry)
-	}
-	return t, v, nil
-}
-
 // Apply applies one committed entry. It must be deterministic: every
 // replica applies the same entries in the same order to the same result.
 // An entry that does not decode stops the node (a panic raft does not
@@ -289,107 +164,88 @@ func (f *FSM) Apply(l *raft.Log) any {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
-	_, e, err := decodeEntry(l.Data)
+	_, fn, err := decodeEntry(l.Data)
 	if err != nil {
 		panic(fmt.Sprintf("raftfsm: committed log entry %d cannot be applied: %v; this node stops rather than skip it", l.Index, err))
 	}
 	s := cur.clone()
 	s.Index = l.Index
-	if e == nil { // an ignorable entry of a newer version
+	if fn == nil { // an ignorable entry of a newer version
 		f.publish(s, ruleChange{})
 		return nil
 	}
-	res, ch := s.apply(l.Index, e)
+	res, ch := fn(s, l.Index)
 	f.publish(s, ch)
 	return res
 }
 
-// apply applies a decoded entry to s (a private copy).
-func (s *fsmState) apply(index uint64, entry any) (applyResult, ruleChange) {
-	switch e := entry.(type) {
-	case putRuleEntry:
-		r := e.Rule.Clone()
-		r.Normalize()
-		if err := r.Validate(); err != nil {
-			return applyResult{err: err}, ruleChange{}
+// The handlers: each applies one kind of decoded entry to s, a private
+// copy of the state, and says what it did to the rule table. They apply
+// only: validation happened where the write entered the cluster, so a
+// replay yields what the first apply did, whatever this release's
+// validation. They keep the checks the entry itself carries: the
+// compare-and-set and the rule cap.
+
+func (s *fsmState) putRule(index uint64, e putRule) (applyResult, ruleChange) {
+	if err := s.Rules.Put(index, e.rule, e.expected, e.maxRules); err != nil {
+		return applyResult{err: err}, ruleChange{}
+	}
+	return applyResult{rule: e.rule.Clone()}, ruleChange{put: e.rule}
+}
+
+func (s *fsmState) deleteRule(_ uint64, e deleteRule) (applyResult, ruleChange) {
+	if err := s.Rules.Delete(e.name, e.expected); err != nil {
+		return applyResult{err: err}, ruleChange{}
+	}
+	return applyResult{}, ruleChange{deleted: e.name}
+}
+
+func (s *fsmState) restoreRules(index uint64, e restoreRules) (applyResult, ruleChange) {
+	if err := s.Rules.Replace(index, e.rules); err != nil {
+		return applyResult{err: err}, ruleChange{}
+	}
+	return applyResult{}, ruleChange{all: true}
+}
+
+func (s *fsmState) setMember(_ uint64, e setMember) (applyResult, ruleChange) {
+	m := e.member
+	if old, ok := s.Members[m.ID]; ok {
+		m.WasLive = m.WasLive || old.WasLive
+	}
+	m.Draining = false // a member registers on start: it may enter the view again
+	s.Members[m.ID] = m
+	return applyResult{}, ruleChange{}
+}
+
+func (s *fsmState) removeMember(index uint64, e removeMember) (applyResult, ruleChange) {
+	delete(s.Members, e.id)
+	s.dropLive(index, e.id)
+	return applyResult{}, ruleChange{}
+}
+
+func (s *fsmState) drainMember(index uint64, e drainMember) (applyResult, ruleChange) {
+	m, ok := s.Members[e.id]
+	if !ok {
+		return applyResult{err: fmt.Errorf("drain member %q: %w", e.id, rule.ErrNotFound)}, ruleChange{}
+	}
+	// A member that left cleanly comes back as soon as it is ready,
+	// without the hysteresis meant for flapping members.
+	m.Draining, m.WasLive = true, false
+	s.Members[m.ID] = m
+	s.dropLive(index, m.ID)
+	return applyResult{}, ruleChange{}
+}
+
+func (s *fsmState) setView(index uint64, e setView) (applyResult, ruleChange) {
+	live := append([]string(nil), e.live...)
+	sort.Strings(live)
+	s.Live = live
+	s.ViewEpoch = index
+	for _, id := range live {
+		if m, ok := s.Members[id]; ok && !m.WasLive {
+			m.WasLive = true
+			s.Members[id] = m
 		}
-		old := s.Rules[r.Name]
-		if err := rule.CheckExpected(r.Name, old, e.Expected); err != nil {
-			return applyResult{err: err}, ruleChange{}
-		}
-		// The cap travels in the entry (the proposing leader's
-		// --max-rules), so every replica decides alike whatever its flags.
-		if old == nil && e.MaxRules > 0 && len(s.Rules) >= e.MaxRules {
-			return applyResult{err: fmt.Errorf("rule %q would be rule %d, above the cluster's limit of %d rules (--max-rules): %w",
-				r.Name, len(s.Rules)+1, e.MaxRules, rule.ErrTooManyRules)}, ruleChange{}
-		}
-		r.Version, r.Generation = index, index
-		if old != nil && old.Algorithm == r.Algorithm {
-			r.Generation = old.Generation
-		}
-		s.Rules[r.Name] = r
-		return applyResult{rule: r.Clone()}, ruleChange{put: r}
-	case deleteRuleEntry:
-		old := s.Rules[e.Name]
-		if old == nil {
-			return applyResult{err: fmt.Errorf("delete %q: %w", e.Name, rule.ErrNotFound)}, ruleChange{}
-		}
-		if err := rule.CheckExpected(e.Name, old, e.Expected); err != nil {
-			return applyResult{err: err}, ruleChange{}
-		}
-		delete(s.Rules, e.Name)
-		return applyResult{}, ruleChange{deleted: e.Name}
-	case restoreEntry:
-		rules := make(map[string]*rule.Rule, len(e.Rules))
-		for _, r := range e.Rules {
-			if r == nil {
-				return applyResult{err: rule.Invalid("restore entry at %d holds an empty rule", index)}, ruleChange{}
-			}
-			r = r.Clone()
-			r.Normalize()
-			if err := r.Validate(); err != nil {
-				return applyResult{err: err}, ruleChange{}
-			}
-			r.Version, r.Generation = index, index
-			rules[r.Name] = r
-		}
-		s.Rules = rules
-		return applyResult{}, ruleChange{all: true}
-	case setMemberEntry:
-		m := e.Member
-		if old, ok := s.Members[m.ID]; ok {
-			m.WasLive = m.WasLive || old.WasLive
-		}
-		m.Draining = false // a member registers on start: it may enter the view again
-		s.Members[m.ID] = m
-		return applyResult{}, ruleChange{}
-	case removeMemberEntry:
-		delete(s.Members, e.Member.ID)
-		s.dropLive(index, e.Member.ID)
-		return applyResult{}, ruleChange{}
-	case drainMemberEntry:
-		m, ok := s.Members[e.Member.ID]
-		if !ok {
-			return applyResult{err: fmt.Errorf("drain member %q: %w", e.Member.ID, rule.ErrNotFound)}, ruleChange{}
-		}
-		// A member that left cleanly comes back as soon as it is ready,
-		// without the hysteresis meant for flapping members.
-		m.Draining, m.WasLive = true, false
-		s.Members[m.ID] = m
-		s.dropLive(index, m.ID)
-		return applyResult{}, ruleChange{}
-	case viewEntry:
-		live := append([]string(nil), e.Live...)
-		sort.Strings(live)
-		s.Live = live
-		s.ViewEpoch = index
-		for _, id := range live {
-			if m, ok := s.Members[id]; ok && !m.WasLive {
-				m.WasLive = true
-				s.Members[id] = m
-			}
-		}
-		return applyResult{}, ruleChange{}
 	}
 	return applyResult{}, ruleChange{}
 }
@@ -412,31 +268,25 @@ func indexOf(s []string, v string) int {
 }
 
 // Snapshot returns the current state to persist. raft calls Persist on
-// another goroutine while Apply goes on: the rule map, which Apply changes
+// another goroutine while Apply goes on: the rule set, which Apply changes
 // in place, is copied here.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	s := *f.state.Load()
-	s.Rules = maps.Clone(s.Rules)
+	s.Rules = s.Rules.Clone()
 	return &snapshot{s: &s}, nil
 }
 
-// Restore replaces the state with a snapshot's.
+// Restore replaces the state with a snapshot's, of this release's format
+// or the first release's (see decodeSnapshot).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	s := newState()
-	if err := json.NewDecoder(rc).Decode(s); err != nil {
+	b, err := io.ReadAll(rc)
+	if err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
-	if s.Rules == nil {
-		s.Rules = map[string]*rule.Rule{}
-	}
-	if s.Members == nil {
-		s.Members = map[string]memberInfo{}
-	}
-	for name, r := range s.Rules {
-		if r == nil || r.Name != name {
-			return errors.New("restore snapshot: malformed rule table")
-		}
+	s, err := decodeSnapshot(b)
+	if err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -446,9 +296,13 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 
 type snapshot struct{ s *fsmState }
 
-// Persist writes the state as JSON.
+// Persist writes the state in the snapshot format (see encodeSnapshot).
 func (p *snapshot) Persist(sink raft.SnapshotSink) error {
-	if err := json.NewEncoder(sink).Encode(p.s); err != nil {
+	b, err := encodeSnapshot(p.s)
+	if err == nil {
+		_, err = sink.Write(b)
+	}
+	if err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("persist snapshot: %w", err)
 	}

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/rule"
+	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
 func tbRule(name string, limit int64) *rule.Rule {
@@ -18,9 +20,9 @@ func tbRule(name string, limit int64) *rule.Rule {
 }
 
 // applyAt applies an entry at index i and returns the FSM's answer.
-func applyAt(t *testing.T, f *FSM, i uint64, typ byte, v any) applyResult {
+func applyAt(t *testing.T, f *FSM, i uint64, typ byte, m proto.Message) applyResult {
 	t.Helper()
-	data, err := encode(typ, v)
+	data, err := encodeEntry(typ, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,30 +32,36 @@ func applyAt(t *testing.T, f *FSM, i uint64, typ byte, v any) applyResult {
 
 func u64(v uint64) *uint64 { return &v }
 
+// putEntry is the put-rule entry of r.
+func putEntry(r *rule.Rule, expected *uint64, maxRules int) *raftv1.PutRule {
+	return &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(maxRules)}
+}
+
+// memberEntry is the member entry of m.
+func memberEntry(m memberInfo) *raftv1.MemberChange {
+	return &raftv1.MemberChange{Member: memberToPB(m)}
+}
+
 func TestFSMRules(t *testing.T) {
 	f := NewFSM()
-	res := applyAt(t, f, 5, entryPutRule, putRuleEntry{Rule: tbRule("api", 10), Expected: u64(0)})
+	res := applyAt(t, f, 5, entryPutRule, putEntry(tbRule("api", 10), u64(0), 0))
 	if res.err != nil || res.rule.Version != 5 || res.rule.Generation != 5 {
 		t.Fatalf("put: %+v", res)
 	}
-	if res := applyAt(t, f, 6, entryPutRule, putRuleEntry{Rule: tbRule("api", 20), Expected: u64(4)}); !errors.Is(res.err, rule.ErrVersionMismatch) {
+	if res := applyAt(t, f, 6, entryPutRule, putEntry(tbRule("api", 20), u64(4), 0)); !errors.Is(res.err, rule.ErrVersionMismatch) {
 		t.Fatalf("stale put: %+v", res)
 	}
 	if f.Table().Get("api").Rule.Limit != 10 {
 		t.Fatal("a refused put changed the table")
 	}
-	res = applyAt(t, f, 7, entryPutRule, putRuleEntry{Rule: tbRule("api", 20), Expected: u64(5)})
+	res = applyAt(t, f, 7, entryPutRule, putEntry(tbRule("api", 20), u64(5), 0))
 	if res.err != nil || res.rule.Version != 7 || res.rule.Generation != 5 {
 		t.Fatalf("update: %+v", res)
 	}
-	bad := tbRule("api", -1)
-	if res := applyAt(t, f, 8, entryPutRule, putRuleEntry{Rule: bad}); !errors.Is(res.err, rule.ErrInvalid) {
-		t.Fatalf("invalid rule applied: %+v", res)
-	}
-	if res := applyAt(t, f, 9, entryDeleteRule, deleteRuleEntry{Name: "nope"}); !errors.Is(res.err, rule.ErrNotFound) {
+	if res := applyAt(t, f, 9, entryDeleteRule, &raftv1.DeleteRule{Name: "nope"}); !errors.Is(res.err, rule.ErrNotFound) {
 		t.Fatalf("delete missing: %+v", res)
 	}
-	if res := applyAt(t, f, 10, entryDeleteRule, deleteRuleEntry{Name: "api"}); res.err != nil {
+	if res := applyAt(t, f, 10, entryDeleteRule, &raftv1.DeleteRule{Name: "api"}); res.err != nil {
 		t.Fatal(res.err)
 	}
 	if f.Table().Len() != 0 || f.AppliedIndex() != 10 || f.Table().Version != 10 {
@@ -78,9 +86,9 @@ func TestFSMUnknownEntry(t *testing.T) {
 func TestFSMViewAndMembers(t *testing.T) {
 	f := NewFSM()
 	changed := f.ViewChanged()
-	applyAt(t, f, 1, entrySetMember, memberEntry{Member: memberInfo{ID: "b", GRPCAddr: "127.0.0.1:2", RaftAddr: "127.0.0.1:12"}})
-	applyAt(t, f, 2, entrySetMember, memberEntry{Member: memberInfo{ID: "a", GRPCAddr: "127.0.0.1:1", RaftAddr: "127.0.0.1:11"}})
-	applyAt(t, f, 3, entrySetView, viewEntry{Live: []string{"b", "a"}})
+	applyAt(t, f, 1, entrySetMember, memberEntry(memberInfo{ID: "b", GRPCAddr: "127.0.0.1:2", RaftAddr: "127.0.0.1:12"}))
+	applyAt(t, f, 2, entrySetMember, memberEntry(memberInfo{ID: "a", GRPCAddr: "127.0.0.1:1", RaftAddr: "127.0.0.1:11"}))
+	applyAt(t, f, 3, entrySetView, &raftv1.SetView{Live: []string{"b", "a"}})
 	select {
 	case <-changed:
 	default:
@@ -93,7 +101,7 @@ func TestFSMViewAndMembers(t *testing.T) {
 	if !f.members()["a"].WasLive {
 		t.Fatal("a member in the view is not marked as having been live")
 	}
-	applyAt(t, f, 4, entryRemoveMember, memberEntry{Member: memberInfo{ID: "a"}})
+	applyAt(t, f, 4, entryRemoveMember, memberEntry(memberInfo{ID: "a"}))
 	if v := f.View(); v.Epoch != 4 || v.Len() != 1 {
 		t.Fatalf("after removing a: epoch %d, %d members", v.Epoch, v.Len())
 	}
@@ -101,13 +109,13 @@ func TestFSMViewAndMembers(t *testing.T) {
 
 func TestFSMSnapshotRestore(t *testing.T) {
 	f := NewFSM()
-	applyAt(t, f, 1, entryPutRule, putRuleEntry{Rule: tbRule("api", 10)})
+	applyAt(t, f, 1, entryPutRule, putEntry(tbRule("api", 10), nil, 0))
 	r := tbRule("vip", 5)
 	r.Overrides = []rule.Override{{Key: "k", Limit: 50}}
 	r.Fallback = rule.Fallback{Policy: rule.FallbackLocal, Limit: 2}
-	applyAt(t, f, 2, entryPutRule, putRuleEntry{Rule: r})
-	applyAt(t, f, 3, entrySetMember, memberEntry{Member: memberInfo{ID: "a", GRPCAddr: "g", RaftAddr: "r"}})
-	applyAt(t, f, 4, entrySetView, viewEntry{Live: []string{"a"}})
+	applyAt(t, f, 2, entryPutRule, putEntry(r, nil, 0))
+	applyAt(t, f, 3, entrySetMember, memberEntry(memberInfo{ID: "a", GRPCAddr: "g", RaftAddr: "r"}))
+	applyAt(t, f, 4, entrySetView, &raftv1.SetView{Live: []string{"a"}})
 	snap, err := f.Snapshot()
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
 // Liveness: the leader health-checks the members, commits a new routing
@@ -164,7 +166,7 @@ func (n *Node) liveness() {
 
 // commitView commits a new routing view.
 func (n *Node) commitView(want, was []string) {
-	entry, err := encode(entrySetView, viewEntry{Live: want})
+	entry, err := encodeEntry(entrySetView, &raftv1.SetView{Live: want})
 	if err != nil {
 		return
 	}

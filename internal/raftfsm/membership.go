@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
+	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
 // Membership: joins (checked, always as a non-voter), removals that keep a
@@ -45,7 +46,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, grpcAddr string) err
 	if err := n.awaitLeader(ctx); err != nil {
 		return err
 	}
-	info, err := probe(n.layer.dial, raftAddr, 3*time.Second)
+	info, err := n.probePeer(raftAddr, 3*time.Second)
 	switch {
 	case err != nil:
 		return refused("join %s: no tokenserver answers at raft address %s: %v", id, raftAddr, err)
@@ -93,7 +94,7 @@ func (n *Node) AddMember(ctx context.Context, id, raftAddr, grpcAddr string) err
 // answers there, or the leader has not seen it unreachable for the
 // stabilization time.
 func (n *Node) replaceable(id, oldAddr string) error {
-	if info, err := probe(n.layer.dial, oldAddr, time.Second); err == nil && info.ID == id {
+	if info, err := n.probePeer(oldAddr, time.Second); err == nil && info.ID == id {
 		return refused("join %s: the member with that id still answers at %s; remove it first", id, oldAddr)
 	}
 	h, seen := n.health.get(id)
@@ -104,7 +105,7 @@ func (n *Node) replaceable(id, oldAddr string) error {
 }
 
 func (n *Node) applyMember(ctx context.Context, t byte, m memberInfo) error {
-	entry, err := encode(t, memberEntry{Member: m})
+	entry, err := encodeEntry(t, &raftv1.MemberChange{Member: memberToPB(m)})
 	if err != nil {
 		return err
 	}

@@ -1,14 +1,12 @@
-// Package raftfsm replicates tokenserver's rules and routing view with
-// hashicorp/raft: the FSM, the raft-boltdb log and stable stores, file
-// snapshots, bootstrapping, membership and liveness; it implements
-// rule.Store.
 package raftfsm
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/rule"
+	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
 // Peer is one member of a --bootstrap-expect cluster.
@@ -103,6 +102,15 @@ type Config struct {
 	// Dial, when set, replaces plain TCP for reaching other nodes' Raft
 	// addresses (tests route it through fault-injecting proxies).
 	Dial func(address string, timeout time.Duration) (net.Conn, error)
+	// MaxRules caps the rules of the cluster (0: rule.DefaultMaxRules). A
+	// rule write carries the cap of the node that proposes it, so the
+	// leader's value applies on every replica.
+	MaxRules int
+	// InMemory runs Raft over raft's in-memory log, stable and snapshot
+	// stores and transport: one node that bootstraps itself, with no
+	// files and no listener, for tests of other packages (see NewInmem).
+	// DataDir, RaftBind, Health and JoinVia are not needed.
+	InMemory bool
 	// PeerServerTLS and PeerClientTLS, both or neither, make the Raft port
 	// and the node's Raft dials mutual TLS against the peer CA
 	// (tlsutil.Reloader's PeerServerConfig and PeerClientConfig): a
@@ -141,11 +149,30 @@ func (c *Config) FastTimeouts() {
 	c.CommitTimeout = 20 * time.Millisecond
 }
 
+// maxRules is the rule cap a write carries: MaxRules, else
+// rule.DefaultMaxRules.
+func (c *Config) maxRules() int {
+	return cmp.Or(c.MaxRules, rule.DefaultMaxRules)
+}
+
 // Validate reports the first problem with c, naming the field.
 func (c *Config) Validate() error {
+	if c.InMemory {
+		switch {
+		case c.NodeID == "":
+			return errors.New("node id is empty")
+		case c.MaxRules < 0:
+			return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
+		case c.BootstrapExpect > 0 || c.Join || len(c.Peers) > 0:
+			return errors.New("an in-memory node is a cluster of one: no bootstrap-expect, peers or join")
+		}
+		return nil
+	}
 	switch {
 	case c.NodeID == "":
 		return errors.New("node id is empty")
+	case c.MaxRules < 0:
+		return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
 	case c.DataDir == "":
 		return errors.New("data dir is empty")
 	case c.RaftBind == "":
@@ -181,10 +208,11 @@ type Node struct {
 	log   *slog.Logger
 	raft  *raft.Raft
 	fsm   *FSM
-	layer *streamLayer
-	trans *raft.NetworkTransport
-	bolt  *raftboltdb.BoltStore
-	snaps *raft.FileSnapshotStore
+	layer *streamLayer          // nil in memory
+	trans raft.Transport        // *raft.NetworkTransport, or in memory *raft.InmemTransport
+	bolt  *raftboltdb.BoltStore // nil in memory
+	logs  raft.LogStore         // bolt, or in memory a *raft.InmemStore
+	snaps raft.SnapshotStore
 	// raftUp is set once raft exists: the stream layer answers probes
 	// before that, and they must not touch it.
 	raftUp atomic.Bool
@@ -227,6 +255,9 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("raft config: %w", err)
 	}
+	if cfg.InMemory {
+		return openInmem(cfg)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -252,6 +283,7 @@ func Open(cfg Config) (*Node, error) {
 	if n.bolt, err = openBolt(cfg.DataDir, false); err != nil {
 		return nil, err
 	}
+	n.logs = n.bolt
 	hl := newHCLogger(log, "raft")
 	if n.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 3, hl); err != nil {
 		return nil, fmt.Errorf("open snapshots: %w", err)
@@ -268,7 +300,7 @@ func Open(cfg Config) (*Node, error) {
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: n.layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl,
 	})
-	if n.raft, err = newRaft(cfg.raftConfig(hl), n.fsm, n.bolt, n.snaps, n.trans); err != nil {
+	if n.raft, err = newRaft(cfg.raftConfig(hl), n.fsm, n.bolt, n.bolt, n.snaps, n.trans); err != nil {
 		return nil, fmt.Errorf("start raft from %s: %w", cfg.DataDir, err)
 	}
 	n.raftUp.Store(true)
@@ -310,17 +342,34 @@ func (c *Config) raftConfig(hl hclog.Logger) *raft.Config {
 
 // newRaft starts raft, turning a panic while it reads its stores into an
 // error (CheckDataDir runs first, so this is a last line of defence).
-func newRaft(rc *raft.Config, fsm raft.FSM, bolt *raftboltdb.BoltStore, snaps raft.SnapshotStore, trans raft.Transport) (r *raft.Raft, err error) {
+func newRaft(rc *raft.Config, fsm raft.FSM, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, trans raft.Transport) (r *raft.Raft, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("reading the stores failed: %v: %w", p, ErrDamaged)
 		}
 	}()
-	return raft.NewRaft(rc, fsm, bolt, bolt, snaps, trans)
+	return raft.NewRaft(rc, fsm, logs, stable, snaps, trans)
 }
 
 // RaftAddr is the advertised Raft address.
-func (n *Node) RaftAddr() string { return n.layer.Addr().String() }
+func (n *Node) RaftAddr() string {
+	if n.layer == nil {
+		return string(n.trans.LocalAddr())
+	}
+	return n.layer.Addr().String()
+}
+
+// probePeer asks the node at a Raft address who it is. In memory the only
+// node there is is this one.
+func (n *Node) probePeer(address string, timeout time.Duration) (probeInfo, error) {
+	if n.layer == nil {
+		if address != n.RaftAddr() {
+			return probeInfo{}, fmt.Errorf("probe %s: an in-memory node reaches no other node", address)
+		}
+		return n.probeInfo(), nil
+	}
+	return probe(n.layer.dial, address, timeout)
+}
 
 // self is this node as a member.
 func (n *Node) self() cluster.Member {
@@ -408,14 +457,16 @@ func (n *Node) apply(ctx context.Context, entry []byte) (applyResult, error) {
 }
 
 // Put implements rule.Store on the leader; elsewhere it returns a
-// *rule.LeaderError for the caller to forward.
+// *rule.LeaderError for the caller to forward. It is where a rule write
+// enters the log, so it normalizes and validates the rule here: the FSM
+// applies what it is given.
 func (n *Node) Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.Rule, error) {
 	r = r.Clone()
 	r.Normalize()
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	entry, err := encode(entryPutRule, putRuleEntry{Rule: r, Expected: expected, MaxRules: rule.MaxRules()})
+	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules())})
 	if err != nil {
 		return nil, err
 	}
@@ -431,7 +482,7 @@ func (n *Node) Delete(ctx context.Context, name string, expected *uint64) error 
 	if err := rule.ValidName(name); err != nil {
 		return err
 	}
-	entry, err := encode(entryDeleteRule, deleteRuleEntry{Name: name, Expected: expected})
+	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected})
 	if err != nil {
 		return err
 	}
@@ -485,7 +536,9 @@ func (n *Node) Close() error {
 			}
 		}
 		close(n.done)
-		n.layer.endDials()
+		if n.layer != nil {
+			n.layer.endDials()
+		}
 		if serr := n.raft.Shutdown().Error(); serr != nil {
 			err = fmt.Errorf("raft shutdown: %w", serr)
 		}
@@ -496,8 +549,8 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) closeStores() {
-	if n.trans != nil {
-		n.trans.Close()
+	if c, ok := n.trans.(io.Closer); ok && c != nil {
+		c.Close()
 	}
 	if n.layer != nil {
 		n.layer.Close()

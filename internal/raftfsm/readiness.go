@@ -67,7 +67,7 @@ func (n *Node) learnCommitIndex() uint64 {
 	if id == "" || addr == "" {
 		return 0
 	}
-	info, err := probe(n.layer.dial, string(addr), time.Second)
+	info, err := n.probePeer(string(addr), time.Second)
 	if err != nil || info.ID != string(id) || info.CommitIndex == 0 {
 		return 0
 	}
@@ -86,7 +86,7 @@ func (n *Node) termIsCommitted() bool {
 		return false
 	}
 	var l raft.Log
-	if err := n.bolt.GetLog(ci, &l); err != nil || l.Term != term {
+	if err := n.logs.GetLog(ci, &l); err != nil || l.Term != term {
 		return false
 	}
 	n.termCommitted.Store(term)
@@ -104,12 +104,12 @@ func (n *Node) appliedThrough(idx uint64) bool {
 	// raft has handed every entry up to idx to the FSM goroutine; the FSM
 	// has applied them once it has applied the last command among them.
 	from := n.fsm.AppliedIndex() + 1
-	if first, err := n.bolt.FirstIndex(); err == nil && first > from {
+	if first, err := n.logs.FirstIndex(); err == nil && first > from {
 		from = first // older entries came with the snapshot
 	}
 	var l raft.Log
 	for i := idx; i >= from && i > 0; i-- {
-		if err := n.bolt.GetLog(i, &l); err != nil {
+		if err := n.logs.GetLog(i, &l); err != nil {
 			break // compacted meanwhile: covered by a snapshot
 		}
 		if l.Type == raft.LogCommand {

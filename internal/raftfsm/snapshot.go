@@ -2,7 +2,6 @@ package raftfsm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,10 +9,11 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/tokenserver/tokenserver/internal/rule"
+	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
-// SnapshotSave takes a Raft snapshot on the leader and opens it: JSON of the
-// FSM state (rules, members, view). The caller closes the reader.
+// SnapshotSave takes a Raft snapshot on the leader and opens it: the FSM
+// state (rules, members, view) in the snapshot format of snapformat.go. The caller closes the reader.
 func (n *Node) SnapshotSave(ctx context.Context) (io.ReadCloser, error) {
 	if err := n.consistent(ctx); err != nil {
 		return nil, err
@@ -42,25 +42,29 @@ func (n *Node) SnapshotSave(ctx context.Context) (io.ReadCloser, error) {
 }
 
 // RestoreRules replaces the rule table with the rules of a snapshot made by
-// SnapshotSave, as one log entry; membership is kept. It returns the
-// number of rules and the version of the restore.
+// SnapshotSave (of this release or the first), as one log entry;
+// membership is kept. Each rule is validated here, where the restore
+// enters the cluster. It returns the number of rules and the version of
+// the restore.
 func (n *Node) RestoreRules(ctx context.Context, snapshot io.Reader) (int, uint64, error) {
-	var st fsmState
-	if err := json.NewDecoder(snapshot).Decode(&st); err != nil {
+	b, err := io.ReadAll(snapshot)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read snapshot: %w", err)
+	}
+	st, err := decodeSnapshot(b)
+	if err != nil {
 		return 0, 0, rule.Invalid("not a tokenserver snapshot: %v", err)
 	}
-	var e restoreEntry
-	for name, r := range st.Rules {
-		if r == nil || r.Name != name {
-			return 0, 0, rule.Invalid("snapshot: malformed rule %q", name)
-		}
+	var e raftv1.RestoreRules
+	for _, r := range st.Rules.All() {
+		r.Normalize()
 		if err := r.Validate(); err != nil {
 			return 0, 0, fmt.Errorf("snapshot: %w", err)
 		}
-		e.Rules = append(e.Rules, r)
+		e.Rules = append(e.Rules, ruleToPB(r))
 	}
 	sort.Slice(e.Rules, func(i, j int) bool { return e.Rules[i].Name < e.Rules[j].Name })
-	entry, err := encode(entryRestoreRules, e)
+	entry, err := encodeEntry(entryRestoreRules, &e)
 	if err != nil {
 		return 0, 0, err
 	}

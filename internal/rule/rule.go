@@ -250,68 +250,69 @@ func (r *Rule) EncodedSize() int {
 	return n
 }
 
-// Validate reports the first problem with the rule as an ErrInvalid error
-// whose message names the field.
+// Validate reports the first problem with the rule: a *FieldError whose Path
+// is the field, and which is ErrInvalid (errors.Is) with a message that
+// names the rule and the field.
 func (r *Rule) Validate() error {
 	if err := ValidName(r.Name); err != nil {
-		return err
+		return &FieldError{Path: "name", Err: err}
 	}
 	c := r.Config()
 	if err := c.Validate(); err != nil {
-		return Invalid("rule %q: %v", r.Name, err)
+		return r.fieldError(configField(err), "%v", err)
 	}
 	switch {
 	case r.Penalty < 0:
-		return Invalid("rule %q: penalty must be >= 0, got %v", r.Name, r.Penalty)
+		return r.fieldError("penalty", "penalty must be >= 0, got %v", r.Penalty)
 	case r.Penalty > time.Duration(bucket.MaxDuration):
-		return Invalid("rule %q: penalty %v is above the longest supported duration %v (10 years)", r.Name, r.Penalty, time.Duration(bucket.MaxDuration))
+		return r.fieldError("penalty", "penalty %v is above the longest supported duration %v (10 years)", r.Penalty, time.Duration(bucket.MaxDuration))
 	case r.EncodedSize() > MaxRuleBytes:
-		return Invalid("rule %q: about %d bytes encoded, above the limit of %d (1 MiB); use fewer or shorter override, deny and allow keys", r.Name, r.EncodedSize(), MaxRuleBytes)
+		return r.fieldError("", "about %d bytes encoded, above the limit of %d (1 MiB); use fewer or shorter override, deny and allow keys", r.EncodedSize(), MaxRuleBytes)
 	case r.MaxKeys < 0:
-		return Invalid("rule %q: max_keys must be >= 0, got %d", r.Name, r.MaxKeys)
+		return r.fieldError("max_keys", "max_keys must be >= 0, got %d", r.MaxKeys)
 	case len(r.Overrides) > MaxListLen:
-		return Invalid("rule %q: %d overrides, above the limit of %d", r.Name, len(r.Overrides), MaxListLen)
+		return r.fieldError("overrides", "%d overrides, above the limit of %d", len(r.Overrides), MaxListLen)
 	case len(r.Deny) > MaxListLen:
-		return Invalid("rule %q: %d deny entries, above the limit of %d", r.Name, len(r.Deny), MaxListLen)
+		return r.fieldError("deny", "%d deny entries, above the limit of %d", len(r.Deny), MaxListLen)
 	case len(r.Allow) > MaxListLen:
-		return Invalid("rule %q: %d allow entries, above the limit of %d", r.Name, len(r.Allow), MaxListLen)
+		return r.fieldError("allow", "%d allow entries, above the limit of %d", len(r.Allow), MaxListLen)
 	case r.Fallback.Policy > FallbackLocal:
-		return Invalid("rule %q: fallback.policy %d is unknown", r.Name, r.Fallback.Policy)
+		return r.fieldError("fallback.policy", "fallback.policy %d is unknown", r.Fallback.Policy)
 	case r.Fallback.Limit < 0:
-		return Invalid("rule %q: fallback.limit must be >= 0, got %d", r.Name, r.Fallback.Limit)
+		return r.fieldError("fallback.limit", "fallback.limit must be >= 0, got %d", r.Fallback.Limit)
 	case r.Fallback.Policy == FallbackLocal && r.Fallback.Limit == 0:
-		return Invalid("rule %q: fallback.limit must be > 0 with the local fallback policy", r.Name)
+		return r.fieldError("fallback.limit", "fallback.limit must be > 0 with the local fallback policy")
 	case r.Fallback.Policy != FallbackLocal && r.Fallback.Limit != 0:
-		return Invalid("rule %q: fallback.limit applies to the local fallback policy only", r.Name)
+		return r.fieldError("fallback.limit", "fallback.limit applies to the local fallback policy only")
 	case r.Lease.MaxBatch < 0:
-		return Invalid("rule %q: lease.max_batch must be >= 0, got %d", r.Name, r.Lease.MaxBatch)
+		return r.fieldError("lease.max_batch", "lease.max_batch must be >= 0, got %d", r.Lease.MaxBatch)
 	case r.Lease.TTL < 0:
-		return Invalid("rule %q: lease.ttl must be >= 0, got %v", r.Name, r.Lease.TTL)
+		return r.fieldError("lease.ttl", "lease.ttl must be >= 0, got %v", r.Lease.TTL)
 	case r.Lease.TTL > MaxLeaseTTL:
-		return Invalid("rule %q: lease.ttl %v is above the limit of %v", r.Name, r.Lease.TTL, MaxLeaseTTL)
+		return r.fieldError("lease.ttl", "lease.ttl %v is above the limit of %v", r.Lease.TTL, MaxLeaseTTL)
 	case r.Fallback.Limit > bucket.MaxLimit:
-		return Invalid("rule %q: fallback.limit %d is above the largest supported limit %d", r.Name, r.Fallback.Limit, int64(bucket.MaxLimit))
+		return r.fieldError("fallback.limit", "fallback.limit %d is above the largest supported limit %d", r.Fallback.Limit, int64(bucket.MaxLimit))
 	case r.Lease.MaxBatch > 0 && r.Lease.TTL == 0:
-		return Invalid("rule %q: lease.ttl must be > 0 when lease.max_batch is set", r.Name)
+		return r.fieldError("lease.ttl", "lease.ttl must be > 0 when lease.max_batch is set")
 	case r.Lease.MaxBatch > 0 && !leasable(r.Algorithm):
-		return Invalid("rule %q: leases apply to token-bucket, fixed-window and sliding-window, not %s", r.Name, r.Algorithm)
+		return r.fieldError("lease.max_batch", "leases apply to token-bucket, fixed-window and sliding-window, not %s", r.Algorithm)
 	case r.Lease.TTL > r.Period:
-		return Invalid("rule %q: lease.ttl %v is longer than the period %v", r.Name, r.Lease.TTL, r.Period)
+		return r.fieldError("lease.ttl", "lease.ttl %v is longer than the period %v", r.Lease.TTL, r.Period)
 	case r.Lease.MaxBatch > c.Capacity():
-		return Invalid("rule %q: lease.max_batch %d is above the capacity %d", r.Name, r.Lease.MaxBatch, c.Capacity())
+		return r.fieldError("lease.max_batch", "lease.max_batch %d is above the capacity %d", r.Lease.MaxBatch, c.Capacity())
 	}
 	seen := make(map[string]struct{}, len(r.Overrides))
 	for i, o := range r.Overrides {
 		if p := keyProblem(o.Key); p != "" {
-			return Invalid("rule %q: overrides[%d]: %s", r.Name, i, p)
+			return r.fieldError(fmt.Sprintf("overrides[%d].key", i), "overrides[%d]: %s", i, p)
 		}
 		if _, dup := seen[o.Key]; dup {
-			return Invalid("rule %q: overrides[%d]: key %q appears twice", r.Name, i, o.Key)
+			return r.fieldError(fmt.Sprintf("overrides[%d].key", i), "overrides[%d]: key %q appears twice", i, o.Key)
 		}
 		seen[o.Key] = struct{}{}
 		oc := r.overrideConfig(o)
 		if err := oc.Validate(); err != nil {
-			return Invalid("rule %q: overrides[%d] (key %q): %v", r.Name, i, o.Key, err)
+			return r.fieldError(fmt.Sprintf("overrides[%d].%s", i, configField(err)), "overrides[%d] (key %q): %v", i, o.Key, err)
 		}
 	}
 	for _, l := range []struct {
@@ -320,11 +321,43 @@ func (r *Rule) Validate() error {
 	}{{"deny", r.Deny}, {"allow", r.Allow}} {
 		for i, k := range l.keys {
 			if p := keyProblem(k); p != "" {
-				return Invalid("rule %q: %s[%d]: %s", r.Name, l.field, i, p)
+				at := fmt.Sprintf("%s[%d]", l.field, i)
+				return r.fieldError(at, "%s: %s", at, p)
 			}
 		}
 	}
 	return nil
+}
+
+// FieldError is a validation error about one field of a rule. Its message
+// is Err's; Err is ErrInvalid (errors.Is). Find it with errors.As.
+type FieldError struct {
+	// Path is the field as tokenserver.v1.Rule names it (proto names):
+	// "limit", "lease.ttl", "overrides[1].limit", "deny[0]"; "" for the
+	// rule as a whole (its size). Indices are those of the rule validated.
+	Path string
+	// Err says what is wrong, naming the rule and the field.
+	Err error
+}
+
+func (e *FieldError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// fieldError is a FieldError at path whose message is `rule "NAME": ` and
+// the formatted text.
+func (r *Rule) fieldError(path, format string, args ...any) error {
+	return &FieldError{Path: path, Err: Invalid("rule %q: "+format, append([]any{r.Name}, args...)...)}
+}
+
+// configField is the field a bucket.Config validation error is about.
+func configField(err error) string {
+	var fe *bucket.FieldError
+	if errors.As(err, &fe) {
+		return fe.Field
+	}
+	return ""
 }
 
 func leasable(a bucket.Algorithm) bool {

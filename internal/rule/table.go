@@ -12,7 +12,10 @@ import (
 )
 
 // Compiled is a validated rule prepared for the data plane: bucket configs
-// built once, deny and allow lists as sets. It is immutable but for KeyCount.
+// built once, deny and allow lists as sets. Its fields are immutable once
+// compiled; only its link to the version that replaced it is set later
+// (see Latest). What a node counts per rule lives elsewhere: the buckets
+// and their bytes in internal/shard, by rule name and generation.
 type Compiled struct {
 	// Rule is the rule as stored. Do not modify it.
 	Rule *Rule
@@ -20,15 +23,6 @@ type Compiled struct {
 	Config bucket.Config
 	// MaxKeys is Rule.EffectiveMaxKeys().
 	MaxKeys int64
-	// KeyCount counts the rule's live buckets on this node. It is shared by
-	// every version of one generation, so a rule change keeps the count.
-	KeyCount *atomic.Int64
-	// Stats counts the rule's decisions on this node; it is shared by every
-	// version of the rule of that name.
-	Stats *Stats
-	// Bytes counts the memory of the rule's live buckets on this node,
-	// shared like KeyCount (internal/shard keeps it).
-	Bytes *atomic.Int64
 
 	// next is the version that replaced this one (or deleted when the
 	// rule was deleted); nil while this version is current.
@@ -39,19 +33,9 @@ type Compiled struct {
 	allow     map[string]struct{}
 }
 
-// Compile prepares r (which must be valid) for the data plane. prev, when it
-// is the same rule's previous version of the same generation, lends its
-// KeyCount.
-func Compile(r *Rule, prev *Compiled) *Compiled {
-	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys(), Stats: new(Stats)}
-	if prev != nil && prev.Rule != nil && prev.Rule.Generation == r.Generation {
-		c.KeyCount, c.Bytes = prev.KeyCount, prev.Bytes
-	} else {
-		c.KeyCount, c.Bytes = new(atomic.Int64), new(atomic.Int64)
-	}
-	if prev != nil && prev.Stats != nil {
-		c.Stats = prev.Stats
-	}
+// Compile prepares r (which must be valid) for the data plane.
+func Compile(r *Rule) *Compiled {
+	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys()}
 	if len(r.Overrides) > 0 {
 		c.overrides = make(map[string]*bucket.Config, len(r.Overrides))
 		for _, o := range r.Overrides {
@@ -81,8 +65,17 @@ var deleted = &Compiled{}
 // Latest returns the current version of c's rule as far as this node has
 // applied: c itself, or the version that replaced it, or nil when the rule
 // was deleted since. Requests that loaded an older table call it so that
-// they are never judged by a superseded version. It does not allocate.
+// they are never judged by a superseded version. It does not allocate,
+// and inlines where c is current.
 func (c *Compiled) Latest() *Compiled {
+	if c.next.Load() == nil {
+		return c
+	}
+	return c.successor()
+}
+
+// successor is Latest for a replaced version.
+func (c *Compiled) successor() *Compiled {
 	for {
 		n := c.next.Load()
 		if n == nil {
@@ -99,13 +92,6 @@ func (c *Compiled) Latest() *Compiled {
 // in flight; it is ErrNotFound.
 func ErrDeleted(name string) error {
 	return fmt.Errorf("rule %q was deleted: %w", name, ErrNotFound)
-}
-
-// Stats counts decisions; the server exports them as metrics.
-type Stats struct {
-	Allowed      atomic.Int64
-	Denied       atomic.Int64
-	ShadowDenied atomic.Int64
 }
 
 // ConfigFor returns the bucket configuration that applies to key: its
@@ -202,15 +188,14 @@ func (t *Table) each(f func(*Compiled)) {
 
 // NewTable makes the table of rules at version v. A rule of prev at the same
 // version and generation keeps its compiled form (so a write compiles only
-// what changed); others are compiled, reusing the key counts of prev's
-// rules of the same generation. prev's versions that are replaced or gone
+// what changed); others are compiled. prev's versions that are replaced or gone
 // learn their successor (see Compiled.Latest). prev may be nil.
 func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 	t := &Table{Version: v, changed: make(chan struct{})}
 	var owned [tableShards]bool
 	if prev == nil {
 		for _, r := range rules {
-			t.put(Compile(r, nil), &owned)
+			t.put(Compile(r), &owned)
 		}
 		return t
 	}
@@ -221,7 +206,7 @@ func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 		if p != nil && (p.Rule == r || p.Rule.Version == r.Version && p.Rule.Generation == r.Generation && r.Version != 0) {
 			continue
 		}
-		c := Compile(r, p)
+		c := Compile(r)
 		t.put(c, &owned)
 		if p != nil {
 			p.next.Store(c)
@@ -258,7 +243,7 @@ func (t *Table) With(v uint64, r *Rule, del string) *Table {
 	var owned [tableShards]bool
 	if r != nil {
 		p := n.Get(r.Name)
-		c := Compile(r, p)
+		c := Compile(r)
 		n.put(c, &owned)
 		if p != nil {
 			p.next.Store(c)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/tokenserver/tokenserver/internal/envoyrls"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -20,6 +21,7 @@ func (n *Node) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", n.protectMetrics(n.metrics.handler()))
+	mux.Handle("/json", envoyrls.NewJSONHandler(n.envoy.shouldRateLimitJSON))
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.notReadyReason(); why != "" {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)

@@ -179,7 +179,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(d.Allowed), r.Name, "allowed")
 		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(d.Denied), r.Name, "denied")
 		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(d.ShadowDenied), r.Name, "shadow_denied")
-		ch <- prometheus.MustNewConstMetric(descRuleKeys, prometheus.GaugeValue, float64(cr.KeyCount.Load()), r.Name)
+		ch <- prometheus.MustNewConstMetric(descRuleKeys, prometheus.GaugeValue, float64(n.buckets.KeyCount(cr)), r.Name)
 	}
 	ch <- prometheus.MustNewConstMetric(descBuckets, prometheus.GaugeValue, float64(n.buckets.Live()))
 	ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(n.buckets.Evicted()))

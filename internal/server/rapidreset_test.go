@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/server/h2flood"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -27,7 +26,7 @@ func serveTCP(t *testing.T, mutate func(*Config)) (*Node, string) {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	n, err := New(cfg, NewStandalone("node-1", "tcp", rule.NewMemStore()).Deps())
+	n, err := New(cfg, NewStandalone("node-1", "tcp", inmem(t, cfg.MaxRules)).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // below admitted more than the rule allows before the fix.
 
 // recreate deletes the rule of r's name and puts r again: a new generation.
-func recreate(t *testing.T, s *rule.MemStore, r *rule.Rule) {
+func recreate(t *testing.T, s rule.Store, r *rule.Rule) {
 	t.Helper()
 	if err := s.Delete(context.Background(), r.Name, nil); err != nil {
 		t.Fatal(err)
@@ -36,14 +37,14 @@ func TestSweepWithStaleTable(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
-		churn func(t *testing.T, s *rule.MemStore)
+		churn func(t *testing.T, s rule.Store)
 	}{
-		{"created during the pass", func(t *testing.T, s *rule.MemStore) {
+		{"created during the pass", func(t *testing.T, s rule.Store) {
 			if _, err := s.Put(ctx, perHour("new", 5), nil); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"re-created during the pass", func(t *testing.T, s *rule.MemStore) {
+		{"re-created during the pass", func(t *testing.T, s rule.Store) {
 			recreate(t, s, perHour("new", 5))
 		}},
 	} {
@@ -141,7 +142,7 @@ func TestMaxKeysAcrossGenerations(t *testing.T) {
 	acquire(t, m, cur, "b", 1, now)
 	acquire(t, m, cur, "c", 1, now)
 	_, err := m.Acquire(cur, "a", bucket.Request{Permits: 1}, now)
-	if n := cur.KeyCount.Load(); n > 2 {
+	if n := m.KeyCount(cur); n > 2 {
 		t.Fatalf("rule with max_keys 2 holds %d keys (a moved from the old generation; err %v)", n, err)
 	}
 	if !errors.Is(err, ErrMaxKeys) {
@@ -152,7 +153,7 @@ func TestMaxKeysAcrossGenerations(t *testing.T) {
 		m.Acquire(old, "b", bucket.Request{Permits: 1}, now)
 		m.Acquire(cur, "b", bucket.Request{Permits: 1}, now)
 	}
-	if n := cur.KeyCount.Load(); n > 2 {
+	if n := m.KeyCount(cur); n > 2 {
 		t.Fatalf("after alternating generations the rule holds %d keys", n)
 	}
 }
@@ -183,5 +184,47 @@ func TestRefillNoReplayAfterPeriodGrows(t *testing.T) {
 	}
 	if n, _, err := m.Refill(get("api"), "k", id, 5, now+3*sec); err != nil || n != 0 {
 		t.Fatalf("replayed refill after the period grew from 2s to 1h returned %d (%v), want 0", n, err)
+	}
+}
+
+// TestKeyCountSharedWithinGeneration: every version of a generation shares
+// its key count and bytes, so a rule change keeps them; a new generation
+// starts at zero, a key that moves to it leaves the old count, and a sweep
+// that drops the old generation's buckets brings its counts to zero.
+func TestKeyCountSharedWithinGeneration(t *testing.T) {
+	r1 := perHour("api", 10)
+	r1.Generation, r1.Version = 1, 1
+	t1 := rule.NewTable(1, []*rule.Rule{r1}, nil)
+	m := New(Config{})
+	now := 100 * sec
+	for i := range 7 {
+		acquire(t, m, t1.Get("api"), fmt.Sprint("k", i), 1, now)
+	}
+	r2 := r1.Clone()
+	r2.Version, r2.Limit = 2, 50
+	t2 := rule.NewTable(2, []*rule.Rule{r2}, t1)
+	v1, v2 := t1.Get("api"), t2.Get("api")
+	if got := m.KeyCount(v2); got != 7 {
+		t.Fatalf("key count after an update = %d, want 7", got)
+	}
+	if m.RuleBytes(v2) != m.Bytes() || m.RuleBytes(v1) != m.Bytes() || m.Bytes() == 0 {
+		t.Fatalf("rule bytes %d (version 1: %d), node bytes %d: want the same, not 0", m.RuleBytes(v2), m.RuleBytes(v1), m.Bytes())
+	}
+	r3 := r1.Clone()
+	r3.Version, r3.Generation = 3, 3
+	t3 := rule.NewTable(3, []*rule.Rule{r3}, t2)
+	v3 := t3.Get("api")
+	if got := m.KeyCount(v3); got != 0 {
+		t.Fatalf("key count of a new generation = %d, want 0", got)
+	}
+	acquire(t, m, v3, "k0", 1, now)
+	if old, cur := m.KeyCount(v2), m.KeyCount(v3); old != 6 || cur != 1 {
+		t.Fatalf("after k0 moved to the new generation: old %d, new %d keys, want 6 and 1", old, cur)
+	}
+	if n := m.Sweep(now, t3); n != 6 {
+		t.Fatalf("sweep dropped %d buckets of the gone generation, want 6", n)
+	}
+	if m.KeyCount(v1) != 0 || m.RuleBytes(v1) != 0 || m.KeyCount(v3) != 1 || m.RuleBytes(v3) != m.Bytes() {
+		t.Fatalf("after the sweep: old %d keys %d bytes, new %d keys %d bytes of %d", m.KeyCount(v1), m.RuleBytes(v1), m.KeyCount(v3), m.RuleBytes(v3), m.Bytes())
 	}
 }

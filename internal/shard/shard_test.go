@@ -11,16 +11,22 @@ import (
 	"time"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 )
 
 const sec = int64(time.Second)
 
-// store returns a MemStore holding rules, and a function to fetch the
-// current compiled version of a rule.
-func store(t testing.TB, rules ...*rule.Rule) (*rule.MemStore, func(string) *rule.Compiled) {
+// store returns a one-node in-memory Raft store holding rules (the rule
+// semantics of production), and a function to fetch the current compiled
+// version of a rule.
+func store(t testing.TB, rules ...*rule.Rule) (rule.Store, func(string) *rule.Compiled) {
 	t.Helper()
-	s := rule.NewMemStore()
+	s, err := raftfsm.NewInmem("shard-test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
 	for _, r := range rules {
 		if _, err := s.Put(context.Background(), r, nil); err != nil {
 			t.Fatal(err)
@@ -431,16 +437,6 @@ func TestLeasePolicy(t *testing.T) {
 	}
 	if _, err := m.AcquireLease(get("plain"), "k", 5, now); !errors.Is(err, rule.ErrInvalid) {
 		t.Fatalf("lease on a rule without leases: %v", err)
-	}
-}
-
-func TestGrantIDLen(t *testing.T) {
-	g := Grant{Nonce: 1, IssuedAt: -1, Permits: 1 << 60, Sum: 1<<64 - 1}
-	if s := g.String(); len(s) != GrantIDLen || GrantIDLen != 44 {
-		t.Fatalf("grant id %q is %d long; GrantIDLen %d", s, len(s), GrantIDLen)
-	}
-	if p, err := ParseGrant(g.String()); err != nil || p != g {
-		t.Fatalf("round trip: %+v %v", p, err)
 	}
 }
 

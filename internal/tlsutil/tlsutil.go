@@ -3,17 +3,16 @@ package tlsutil
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenserver/tokenserver/internal/filewatch"
 )
 
 // PeerServerName is the TLS server name (SNI) a node sends when it dials a
@@ -130,19 +129,11 @@ type Reloader struct {
 	files Files
 	log   *slog.Logger
 	cur   atomic.Pointer[material]
-	gen   atomic.Uint64
-
-	mu         sync.Mutex // serializes reloads
-	lastFailed [32]byte   // digest of the content that last failed to load
-
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	watch *filewatch.Watcher
 }
 
 // material is one loaded generation of the files.
 type material struct {
-	digest   [32]byte
 	cert     *tls.Certificate // client-facing; nil without --tls-cert
 	peerCert *tls.Certificate // nil without peer files
 	// clientCAs and peerCAs are the parsed bundles; clientPool holds both
@@ -160,21 +151,30 @@ func New(files Files, opts Options) (*Reloader, error) {
 	if err := files.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Reloader{files: files.withDefaults(), log: opts.Logger, stop: make(chan struct{})}
+	r := &Reloader{files: files.withDefaults(), log: opts.Logger}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
-	}
-	if err := r.Reload(); err != nil {
-		return nil, err
 	}
 	interval := opts.Interval
 	if interval == 0 {
 		interval = DefaultReloadInterval
 	}
-	if interval > 0 && r.Enabled() {
-		r.wg.Add(1)
-		go r.poll(interval)
+	if !r.Enabled() {
+		interval = -1
 	}
+	f := r.files
+	w, err := filewatch.New(filewatch.Options{
+		Paths:    []string{f.CertFile, f.KeyFile, f.ClientCAFile, f.PeerCertFile, f.PeerKeyFile, f.PeerCAFile},
+		Interval: interval,
+		Load:     r.install,
+		OnError: func(err error) {
+			r.log.Warn("tls: reload failed; still serving the previous certificates", "error", tlsError(err))
+		},
+	})
+	if err != nil {
+		return nil, tlsError(err)
+	}
+	r.watch = w
 	return r, nil
 }
 
@@ -185,66 +185,26 @@ func (r *Reloader) Enabled() bool {
 }
 
 // Close stops polling.
-func (r *Reloader) Close() {
-	r.stopOnce.Do(func() { close(r.stop) })
-	r.wg.Wait()
-}
+func (r *Reloader) Close() { r.watch.Close() }
 
 // Generation counts the loads that changed the material: 1 after New, +1
 // per reload that saw new content.
-func (r *Reloader) Generation() uint64 { return r.gen.Load() }
-
-func (r *Reloader) poll(interval time.Duration) {
-	defer r.wg.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stop:
-			return
-		case <-t.C:
-			if err := r.Reload(); err != nil {
-				r.log.Warn("tls: reload failed; still serving the previous certificates", "error", err)
-			}
-		}
-	}
-}
+func (r *Reloader) Generation() uint64 { return r.watch.Generation() }
 
 // Reload re-reads the files now and installs them when their content
 // changed. On an error the previous material stays.
-func (r *Reloader) Reload() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	contents, digest, err := r.read()
-	if err != nil {
-		return err
+func (r *Reloader) Reload() error { return tlsError(r.watch.Check()) }
+
+// tlsError prefixes the errors of reading the files as they always read.
+func tlsError(err error) error {
+	var re *filewatch.ReadError
+	if errors.As(err, &re) {
+		return fmt.Errorf("tls: %w", err)
 	}
-	if old := r.cur.Load(); old != nil && old.digest == digest {
-		return nil
-	}
-	if digest == r.lastFailed {
-		return nil // already reported; wait for new content
-	}
-	m, err := r.load(contents)
-	if err != nil {
-		r.lastFailed = digest
-		return err
-	}
-	m.digest = digest
-	r.cur.Store(m)
-	r.gen.Add(1)
-	attrs := []any{"generation", r.gen.Load()}
-	if m.cert != nil {
-		attrs = append(attrs, "cert_not_after", m.cert.Leaf.NotAfter)
-	}
-	if m.peerCert != nil {
-		attrs = append(attrs, "peer_cert_not_after", m.peerCert.Leaf.NotAfter)
-	}
-	r.log.Info("tls: certificates loaded", attrs...)
-	return nil
+	return err
 }
 
-// file indexes in read's result.
+// file indexes in the watcher's Content.Files (the order of its Paths).
 const (
 	fCert = iota
 	fKey
@@ -255,26 +215,27 @@ const (
 	nFiles
 )
 
-func (r *Reloader) read() ([nFiles][]byte, [32]byte, error) {
-	var out [nFiles][]byte
-	names := [nFiles]string{r.files.CertFile, r.files.KeyFile, r.files.ClientCAFile, r.files.PeerCertFile, r.files.PeerKeyFile, r.files.PeerCAFile}
-	h := sha256.New()
-	for i, name := range names {
-		if name == "" {
-			h.Write([]byte{0})
-			continue
-		}
-		data, err := os.ReadFile(name)
-		if err != nil {
-			return out, [32]byte{}, fmt.Errorf("tls: read %s: %w", name, err)
-		}
-		out[i] = data
-		fmt.Fprintf(h, "%d:%d:", i, len(data))
-		h.Write(data)
+// install loads the files' content and makes it current (filewatch calls
+// it from New, then on each change).
+func (r *Reloader) install(c filewatch.Content) error {
+	var contents [nFiles][]byte
+	for i := range contents {
+		contents[i] = c.Files[i].Data
 	}
-	var d [32]byte
-	h.Sum(d[:0])
-	return out, d, nil
+	m, err := r.load(contents)
+	if err != nil {
+		return err
+	}
+	r.cur.Store(m)
+	attrs := []any{"generation", c.Generation}
+	if m.cert != nil {
+		attrs = append(attrs, "cert_not_after", m.cert.Leaf.NotAfter)
+	}
+	if m.peerCert != nil {
+		attrs = append(attrs, "peer_cert_not_after", m.peerCert.Leaf.NotAfter)
+	}
+	r.log.Info("tls: certificates loaded", attrs...)
+	return nil
 }
 
 func (r *Reloader) load(c [nFiles][]byte) (*material, error) {

@@ -227,6 +227,110 @@ func (Reason) EnumDescriptor() ([]byte, []int) {
 	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{2}
 }
 
+// Calendar aligns fixed windows to local calendar boundaries.
+type Calendar int32
+
+const (
+	Calendar_CALENDAR_UNSPECIFIED Calendar = 0
+	Calendar_DAY                  Calendar = 1
+	// ISO weeks, starting on Monday.
+	Calendar_WEEK  Calendar = 2
+	Calendar_MONTH Calendar = 3
+)
+
+// Enum value maps for Calendar.
+var (
+	Calendar_name = map[int32]string{
+		0: "CALENDAR_UNSPECIFIED",
+		1: "DAY",
+		2: "WEEK",
+		3: "MONTH",
+	}
+	Calendar_value = map[string]int32{
+		"CALENDAR_UNSPECIFIED": 0,
+		"DAY":                  1,
+		"WEEK":                 2,
+		"MONTH":                3,
+	}
+)
+
+func (x Calendar) Enum() *Calendar {
+	p := new(Calendar)
+	*p = x
+	return p
+}
+
+func (x Calendar) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Calendar) Descriptor() protoreflect.EnumDescriptor {
+	return file_tokenserver_v1_tokenserver_proto_enumTypes[3].Descriptor()
+}
+
+func (Calendar) Type() protoreflect.EnumType {
+	return &file_tokenserver_v1_tokenserver_proto_enumTypes[3]
+}
+
+func (x Calendar) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Calendar.Descriptor instead.
+func (Calendar) EnumDescriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{3}
+}
+
+// TopKeysWindow is how far back a top-keys answer looks.
+type TopKeysWindow int32
+
+const (
+	TopKeysWindow_TOP_KEYS_WINDOW_UNSPECIFIED TopKeysWindow = 0
+	TopKeysWindow_MINUTE                      TopKeysWindow = 1
+	TopKeysWindow_HOUR                        TopKeysWindow = 2
+)
+
+// Enum value maps for TopKeysWindow.
+var (
+	TopKeysWindow_name = map[int32]string{
+		0: "TOP_KEYS_WINDOW_UNSPECIFIED",
+		1: "MINUTE",
+		2: "HOUR",
+	}
+	TopKeysWindow_value = map[string]int32{
+		"TOP_KEYS_WINDOW_UNSPECIFIED": 0,
+		"MINUTE":                      1,
+		"HOUR":                        2,
+	}
+)
+
+func (x TopKeysWindow) Enum() *TopKeysWindow {
+	p := new(TopKeysWindow)
+	*p = x
+	return p
+}
+
+func (x TopKeysWindow) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TopKeysWindow) Descriptor() protoreflect.EnumDescriptor {
+	return file_tokenserver_v1_tokenserver_proto_enumTypes[4].Descriptor()
+}
+
+func (TopKeysWindow) Type() protoreflect.EnumType {
+	return &file_tokenserver_v1_tokenserver_proto_enumTypes[4]
+}
+
+func (x TopKeysWindow) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TopKeysWindow.Descriptor instead.
+func (TopKeysWindow) EnumDescriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{4}
+}
+
 // Rule is a named limit.
 type Rule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -269,9 +373,22 @@ type Rule struct {
 	// to one generation. Ignored on input.
 	Generation uint64 `protobuf:"varint,17,opt,name=generation,proto3" json:"generation,omitempty"`
 	// Output only: the principal whose write last changed the rule.
-	UpdatedBy     string `protobuf:"bytes,18,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdatedBy string `protobuf:"bytes,18,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	// FIXED_WINDOW only: windows aligned to local calendar days, ISO weeks or
+	// months in `time_zone` instead of multiples of `period` (which is then
+	// not needed).
+	Calendar Calendar `protobuf:"varint,19,opt,name=calendar,proto3,enum=tokenserver.v1.Calendar" json:"calendar,omitempty"`
+	// IANA time zone of calendar windows; default UTC.
+	TimeZone string `protobuf:"bytes,20,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	// Lets a request carry its own limit (AcquireTokenRequest.limit), capped.
+	Inline *InlinePolicy `protobuf:"bytes,21,opt,name=inline,proto3" json:"inline,omitempty"`
+	// Buckets are replicated to the key's next owner and checkpointed.
+	Durable bool `protobuf:"varint,22,opt,name=durable,proto3" json:"durable,omitempty"`
+	// A reservation not committed within this time is settled at its
+	// estimate. Default: the rule's period.
+	ReservationTtl *durationpb.Duration `protobuf:"bytes,23,opt,name=reservation_ttl,json=reservationTtl,proto3" json:"reservation_ttl,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Rule) Reset() {
@@ -430,6 +547,168 @@ func (x *Rule) GetUpdatedBy() string {
 	return ""
 }
 
+func (x *Rule) GetCalendar() Calendar {
+	if x != nil {
+		return x.Calendar
+	}
+	return Calendar_CALENDAR_UNSPECIFIED
+}
+
+func (x *Rule) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *Rule) GetInline() *InlinePolicy {
+	if x != nil {
+		return x.Inline
+	}
+	return nil
+}
+
+func (x *Rule) GetDurable() bool {
+	if x != nil {
+		return x.Durable
+	}
+	return false
+}
+
+func (x *Rule) GetReservationTtl() *durationpb.Duration {
+	if x != nil {
+		return x.ReservationTtl
+	}
+	return nil
+}
+
+// InlinePolicy caps the limits that requests may carry.
+type InlinePolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The largest `limit` a request may ask for.
+	MaxLimit int64 `protobuf:"varint,1,opt,name=max_limit,json=maxLimit,proto3" json:"max_limit,omitempty"`
+	// The longest `period` a request may ask for.
+	MaxPeriod     *durationpb.Duration `protobuf:"bytes,2,opt,name=max_period,json=maxPeriod,proto3" json:"max_period,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InlinePolicy) Reset() {
+	*x = InlinePolicy{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InlinePolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InlinePolicy) ProtoMessage() {}
+
+func (x *InlinePolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InlinePolicy.ProtoReflect.Descriptor instead.
+func (*InlinePolicy) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *InlinePolicy) GetMaxLimit() int64 {
+	if x != nil {
+		return x.MaxLimit
+	}
+	return 0
+}
+
+func (x *InlinePolicy) GetMaxPeriod() *durationpb.Duration {
+	if x != nil {
+		return x.MaxPeriod
+	}
+	return nil
+}
+
+// InlineLimit is a limit carried in a request (seed 001's
+// acquire_token(user, item, amount, limit)), allowed by the rule's inline
+// policy and capped by it.
+type InlineLimit struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Algorithm Algorithm              `protobuf:"varint,1,opt,name=algorithm,proto3,enum=tokenserver.v1.Algorithm" json:"algorithm,omitempty"`
+	Limit     int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	PeriodNs  int64                  `protobuf:"varint,3,opt,name=period_ns,json=periodNs,proto3" json:"period_ns,omitempty"`
+	// Default: `limit`.
+	Burst         int64 `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InlineLimit) Reset() {
+	*x = InlineLimit{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InlineLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InlineLimit) ProtoMessage() {}
+
+func (x *InlineLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InlineLimit.ProtoReflect.Descriptor instead.
+func (*InlineLimit) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *InlineLimit) GetAlgorithm() Algorithm {
+	if x != nil {
+		return x.Algorithm
+	}
+	return Algorithm_ALGORITHM_UNSPECIFIED
+}
+
+func (x *InlineLimit) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *InlineLimit) GetPeriodNs() int64 {
+	if x != nil {
+		return x.PeriodNs
+	}
+	return 0
+}
+
+func (x *InlineLimit) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
 // Override gives one key its own limit.
 type Override struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -443,7 +722,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[1]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +734,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[1]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +747,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{1}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Override) GetKey() string {
@@ -505,7 +784,7 @@ type Fallback struct {
 
 func (x *Fallback) Reset() {
 	*x = Fallback{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[2]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +796,7 @@ func (x *Fallback) String() string {
 func (*Fallback) ProtoMessage() {}
 
 func (x *Fallback) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[2]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +809,7 @@ func (x *Fallback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fallback.ProtoReflect.Descriptor instead.
 func (*Fallback) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{2}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Fallback) GetPolicy() FallbackPolicy {
@@ -560,7 +839,7 @@ type LeaseSettings struct {
 
 func (x *LeaseSettings) Reset() {
 	*x = LeaseSettings{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[3]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +851,7 @@ func (x *LeaseSettings) String() string {
 func (*LeaseSettings) ProtoMessage() {}
 
 func (x *LeaseSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[3]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +864,7 @@ func (x *LeaseSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseSettings.ProtoReflect.Descriptor instead.
 func (*LeaseSettings) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{3}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LeaseSettings) GetMaxBatch() int64 {
@@ -619,14 +898,16 @@ type AcquireTokenRequest struct {
 	// 10% of its capacity) at most half of what remains, so that several
 	// clients share the tail. The client serves the grant locally and refills
 	// what it did not use.
-	Lease         bool `protobuf:"varint,6,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease bool `protobuf:"varint,6,opt,name=lease,proto3" json:"lease,omitempty"`
+	// This request's own limit, under a rule whose `inline` policy allows it.
+	Limit         *InlineLimit `protobuf:"bytes,7,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireTokenRequest) Reset() {
 	*x = AcquireTokenRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[4]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +919,7 @@ func (x *AcquireTokenRequest) String() string {
 func (*AcquireTokenRequest) ProtoMessage() {}
 
 func (x *AcquireTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[4]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +932,7 @@ func (x *AcquireTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireTokenRequest.ProtoReflect.Descriptor instead.
 func (*AcquireTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{4}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AcquireTokenRequest) GetRule() string {
@@ -696,6 +977,13 @@ func (x *AcquireTokenRequest) GetLease() bool {
 	return false
 }
 
+func (x *AcquireTokenRequest) GetLimit() *InlineLimit {
+	if x != nil {
+		return x.Limit
+	}
+	return nil
+}
+
 type AcquireTokenResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
@@ -724,7 +1012,7 @@ type AcquireTokenResponse struct {
 
 func (x *AcquireTokenResponse) Reset() {
 	*x = AcquireTokenResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[5]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +1024,7 @@ func (x *AcquireTokenResponse) String() string {
 func (*AcquireTokenResponse) ProtoMessage() {}
 
 func (x *AcquireTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[5]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +1037,7 @@ func (x *AcquireTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireTokenResponse.ProtoReflect.Descriptor instead.
 func (*AcquireTokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{5}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AcquireTokenResponse) GetAllowed() bool {
@@ -832,14 +1120,17 @@ func (x *AcquireTokenResponse) GetShadowDenied() bool {
 type AcquireTokensRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// At most 1000.
-	Requests      []*AcquireTokenRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	Requests []*AcquireTokenRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	// Every item is granted or none is: granted items are given back when
+	// any item is denied or fails.
+	AllOrNothing  bool `protobuf:"varint,2,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireTokensRequest) Reset() {
 	*x = AcquireTokensRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[6]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1142,7 @@ func (x *AcquireTokensRequest) String() string {
 func (*AcquireTokensRequest) ProtoMessage() {}
 
 func (x *AcquireTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[6]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1155,7 @@ func (x *AcquireTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireTokensRequest.ProtoReflect.Descriptor instead.
 func (*AcquireTokensRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{6}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AcquireTokensRequest) GetRequests() []*AcquireTokenRequest {
@@ -872,6 +1163,13 @@ func (x *AcquireTokensRequest) GetRequests() []*AcquireTokenRequest {
 		return x.Requests
 	}
 	return nil
+}
+
+func (x *AcquireTokensRequest) GetAllOrNothing() bool {
+	if x != nil {
+		return x.AllOrNothing
+	}
+	return false
 }
 
 type AcquireTokensResponse struct {
@@ -884,7 +1182,7 @@ type AcquireTokensResponse struct {
 
 func (x *AcquireTokensResponse) Reset() {
 	*x = AcquireTokensResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[7]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1194,7 @@ func (x *AcquireTokensResponse) String() string {
 func (*AcquireTokensResponse) ProtoMessage() {}
 
 func (x *AcquireTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[7]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1207,7 @@ func (x *AcquireTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireTokensResponse.ProtoReflect.Descriptor instead.
 func (*AcquireTokensResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{7}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AcquireTokensResponse) GetResults() []*AcquireTokensResult {
@@ -931,7 +1229,7 @@ type AcquireTokensResult struct {
 
 func (x *AcquireTokensResult) Reset() {
 	*x = AcquireTokensResult{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[8]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1241,7 @@ func (x *AcquireTokensResult) String() string {
 func (*AcquireTokensResult) ProtoMessage() {}
 
 func (x *AcquireTokensResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[8]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1254,7 @@ func (x *AcquireTokensResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireTokensResult.ProtoReflect.Descriptor instead.
 func (*AcquireTokensResult) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{8}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AcquireTokensResult) GetStatus() *status.Status {
@@ -986,7 +1284,7 @@ type RefillTokenRequest struct {
 
 func (x *RefillTokenRequest) Reset() {
 	*x = RefillTokenRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[9]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1296,7 @@ func (x *RefillTokenRequest) String() string {
 func (*RefillTokenRequest) ProtoMessage() {}
 
 func (x *RefillTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[9]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1309,7 @@ func (x *RefillTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefillTokenRequest.ProtoReflect.Descriptor instead.
 func (*RefillTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{9}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RefillTokenRequest) GetRule() string {
@@ -1055,7 +1353,7 @@ type RefillTokenResponse struct {
 
 func (x *RefillTokenResponse) Reset() {
 	*x = RefillTokenResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[10]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1365,7 @@ func (x *RefillTokenResponse) String() string {
 func (*RefillTokenResponse) ProtoMessage() {}
 
 func (x *RefillTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[10]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1378,7 @@ func (x *RefillTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefillTokenResponse.ProtoReflect.Descriptor instead.
 func (*RefillTokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{10}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RefillTokenResponse) GetRefilled() int64 {
@@ -1115,7 +1413,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[11]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1425,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[11]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1438,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{11}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RenewLeaseRequest) GetRule() string {
@@ -1176,7 +1474,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[12]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1486,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[12]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1499,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{12}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RenewLeaseResponse) GetRenewed() bool {
@@ -1226,7 +1524,7 @@ type GetClusterViewRequest struct {
 
 func (x *GetClusterViewRequest) Reset() {
 	*x = GetClusterViewRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[13]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1536,7 @@ func (x *GetClusterViewRequest) String() string {
 func (*GetClusterViewRequest) ProtoMessage() {}
 
 func (x *GetClusterViewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[13]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1549,7 @@ func (x *GetClusterViewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterViewRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterViewRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{13}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{15}
 }
 
 // ClusterView is what a client needs to route and fall back.
@@ -1278,7 +1576,7 @@ type ClusterView struct {
 
 func (x *ClusterView) Reset() {
 	*x = ClusterView{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[14]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1588,7 @@ func (x *ClusterView) String() string {
 func (*ClusterView) ProtoMessage() {}
 
 func (x *ClusterView) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[14]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1601,7 @@ func (x *ClusterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterView.ProtoReflect.Descriptor instead.
 func (*ClusterView) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{14}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ClusterView) GetMembers() []*Member {
@@ -1360,7 +1658,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[15]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1670,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[15]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1683,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{15}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Member) GetId() string {
@@ -1433,7 +1731,7 @@ type ClientRule struct {
 
 func (x *ClientRule) Reset() {
 	*x = ClientRule{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[16]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1743,7 @@ func (x *ClientRule) String() string {
 func (*ClientRule) ProtoMessage() {}
 
 func (x *ClientRule) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[16]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1756,7 @@ func (x *ClientRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientRule.ProtoReflect.Descriptor instead.
 func (*ClientRule) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{16}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClientRule) GetName() string {
@@ -1528,7 +1826,7 @@ type PutRuleRequest struct {
 
 func (x *PutRuleRequest) Reset() {
 	*x = PutRuleRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[17]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1838,7 @@ func (x *PutRuleRequest) String() string {
 func (*PutRuleRequest) ProtoMessage() {}
 
 func (x *PutRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[17]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1851,7 @@ func (x *PutRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRuleRequest.ProtoReflect.Descriptor instead.
 func (*PutRuleRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{17}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutRuleRequest) GetRule() *Rule {
@@ -1580,7 +1878,7 @@ type PutRuleResponse struct {
 
 func (x *PutRuleResponse) Reset() {
 	*x = PutRuleResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[18]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1890,7 @@ func (x *PutRuleResponse) String() string {
 func (*PutRuleResponse) ProtoMessage() {}
 
 func (x *PutRuleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[18]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1903,7 @@ func (x *PutRuleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRuleResponse.ProtoReflect.Descriptor instead.
 func (*PutRuleResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{18}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PutRuleResponse) GetRule() *Rule {
@@ -1626,7 +1924,7 @@ type GetRuleRequest struct {
 
 func (x *GetRuleRequest) Reset() {
 	*x = GetRuleRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[19]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1936,7 @@ func (x *GetRuleRequest) String() string {
 func (*GetRuleRequest) ProtoMessage() {}
 
 func (x *GetRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[19]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1949,7 @@ func (x *GetRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuleRequest.ProtoReflect.Descriptor instead.
 func (*GetRuleRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{19}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetRuleRequest) GetName() string {
@@ -1682,7 +1980,7 @@ type ListRulesRequest struct {
 
 func (x *ListRulesRequest) Reset() {
 	*x = ListRulesRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[20]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1992,7 @@ func (x *ListRulesRequest) String() string {
 func (*ListRulesRequest) ProtoMessage() {}
 
 func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[20]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +2005,7 @@ func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesRequest.ProtoReflect.Descriptor instead.
 func (*ListRulesRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{20}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRulesRequest) GetLocal() bool {
@@ -1742,7 +2040,7 @@ type ListRulesResponse struct {
 
 func (x *ListRulesResponse) Reset() {
 	*x = ListRulesResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[21]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +2052,7 @@ func (x *ListRulesResponse) String() string {
 func (*ListRulesResponse) ProtoMessage() {}
 
 func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[21]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +2065,7 @@ func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesResponse.ProtoReflect.Descriptor instead.
 func (*ListRulesResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{21}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListRulesResponse) GetRules() []*Rule {
@@ -1795,7 +2093,7 @@ type DeleteRuleRequest struct {
 
 func (x *DeleteRuleRequest) Reset() {
 	*x = DeleteRuleRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[22]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +2105,7 @@ func (x *DeleteRuleRequest) String() string {
 func (*DeleteRuleRequest) ProtoMessage() {}
 
 func (x *DeleteRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[22]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +2118,7 @@ func (x *DeleteRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuleRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuleRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{22}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteRuleRequest) GetName() string {
@@ -1845,7 +2143,7 @@ type DeleteRuleResponse struct {
 
 func (x *DeleteRuleResponse) Reset() {
 	*x = DeleteRuleResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[23]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +2155,7 @@ func (x *DeleteRuleResponse) String() string {
 func (*DeleteRuleResponse) ProtoMessage() {}
 
 func (x *DeleteRuleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[23]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +2168,7 @@ func (x *DeleteRuleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuleResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuleResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{23}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{25}
 }
 
 type ClusterStatusRequest struct {
@@ -1881,7 +2179,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[24]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +2191,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[24]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2204,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{24}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{26}
 }
 
 type ClusterStatusResponse struct {
@@ -1924,7 +2222,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[25]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2234,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[25]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2247,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{25}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -2012,7 +2310,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[26]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2322,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[26]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2335,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{26}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MemberStatus) GetId() string {
@@ -2146,7 +2444,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[27]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2158,7 +2456,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[27]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2171,7 +2469,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{27}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{29}
 }
 
 type NodeStatusResponse struct {
@@ -2202,7 +2500,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[28]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2512,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[28]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2525,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{28}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeStatusResponse) GetId() string {
@@ -2339,7 +2637,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[29]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2649,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[29]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2662,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{29}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *JoinClusterRequest) GetId() string {
@@ -2396,7 +2694,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[30]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2706,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[30]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2719,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{30}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{32}
 }
 
 type RemoveMemberRequest struct {
@@ -2433,7 +2731,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[31]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2743,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[31]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2756,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{31}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -2476,7 +2774,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[32]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2786,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[32]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2799,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{32}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{34}
 }
 
 type DrainMemberRequest struct {
@@ -2513,7 +2811,7 @@ type DrainMemberRequest struct {
 
 func (x *DrainMemberRequest) Reset() {
 	*x = DrainMemberRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2823,7 @@ func (x *DrainMemberRequest) String() string {
 func (*DrainMemberRequest) ProtoMessage() {}
 
 func (x *DrainMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[33]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2836,7 @@ func (x *DrainMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainMemberRequest.ProtoReflect.Descriptor instead.
 func (*DrainMemberRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{33}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DrainMemberRequest) GetId() string {
@@ -2556,7 +2854,7 @@ type DrainMemberResponse struct {
 
 func (x *DrainMemberResponse) Reset() {
 	*x = DrainMemberResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +2866,7 @@ func (x *DrainMemberResponse) String() string {
 func (*DrainMemberResponse) ProtoMessage() {}
 
 func (x *DrainMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[34]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +2879,7 @@ func (x *DrainMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainMemberResponse.ProtoReflect.Descriptor instead.
 func (*DrainMemberResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{34}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{36}
 }
 
 type SnapshotSaveRequest struct {
@@ -2592,7 +2890,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2902,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[35]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2915,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{35}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{37}
 }
 
 // SnapshotChunk is a piece of a snapshot, in order.
@@ -2630,7 +2928,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[36]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2940,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[36]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2953,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{36}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -2677,7 +2975,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[37]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2987,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[37]
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +3000,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{37}
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotRestoreResponse) GetRules() int64 {
@@ -2719,11 +3017,1777 @@ func (x *SnapshotRestoreResponse) GetVersion() uint64 {
 	return 0
 }
 
+type CommitTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The grant of the reservation, from AcquireTokenResponse.grant_id.
+	GrantId string `protobuf:"bytes,3,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	// Permits the work really used; >= 0.
+	Used          int64 `protobuf:"varint,4,opt,name=used,proto3" json:"used,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitTokenRequest) Reset() {
+	*x = CommitTokenRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitTokenRequest) ProtoMessage() {}
+
+func (x *CommitTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitTokenRequest.ProtoReflect.Descriptor instead.
+func (*CommitTokenRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *CommitTokenRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *CommitTokenRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CommitTokenRequest) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
+func (x *CommitTokenRequest) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+type CommitTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tokens left after the settlement (0 while in debt).
+	Remaining int64 `protobuf:"varint,1,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// Permits owed: acquires are denied until refill repays them.
+	Debt int64 `protobuf:"varint,2,opt,name=debt,proto3" json:"debt,omitempty"`
+	// While in debt: how long until the key admits again.
+	RetryAfterNs  int64 `protobuf:"varint,3,opt,name=retry_after_ns,json=retryAfterNs,proto3" json:"retry_after_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitTokenResponse) Reset() {
+	*x = CommitTokenResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitTokenResponse) ProtoMessage() {}
+
+func (x *CommitTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitTokenResponse.ProtoReflect.Descriptor instead.
+func (*CommitTokenResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CommitTokenResponse) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *CommitTokenResponse) GetDebt() int64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
+func (x *CommitTokenResponse) GetRetryAfterNs() int64 {
+	if x != nil {
+		return x.RetryAfterNs
+	}
+	return 0
+}
+
+// RuleOverride is a runtime override of one rule for a key or key prefix.
+type RuleOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// An exact key, or a prefix ending in one `*` (`premium-*`). The longest
+	// match wins; an exact key beats a prefix.
+	Key   string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Limit int64  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Default: `limit`.
+	Burst int64 `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	// When set, the leader removes the override at this time (Unix ns).
+	ExpiresUnixNs int64 `protobuf:"varint,5,opt,name=expires_unix_ns,json=expiresUnixNs,proto3" json:"expires_unix_ns,omitempty"`
+	// Output only.
+	Version       uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	UpdatedBy     string `protobuf:"bytes,7,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleOverride) Reset() {
+	*x = RuleOverride{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleOverride) ProtoMessage() {}
+
+func (x *RuleOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleOverride.ProtoReflect.Descriptor instead.
+func (*RuleOverride) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *RuleOverride) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RuleOverride) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RuleOverride) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuleOverride) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *RuleOverride) GetExpiresUnixNs() int64 {
+	if x != nil {
+		return x.ExpiresUnixNs
+	}
+	return 0
+}
+
+func (x *RuleOverride) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuleOverride) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
+}
+
+type PutOverrideRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *RuleOverride          `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutOverrideRequest) Reset() {
+	*x = PutOverrideRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutOverrideRequest) ProtoMessage() {}
+
+func (x *PutOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutOverrideRequest.ProtoReflect.Descriptor instead.
+func (*PutOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *PutOverrideRequest) GetOverride() *RuleOverride {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type PutOverrideResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *RuleOverride          `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutOverrideResponse) Reset() {
+	*x = PutOverrideResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutOverrideResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutOverrideResponse) ProtoMessage() {}
+
+func (x *PutOverrideResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutOverrideResponse.ProtoReflect.Descriptor instead.
+func (*PutOverrideResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *PutOverrideResponse) GetOverride() *RuleOverride {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+type DeleteOverrideRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOverrideRequest) Reset() {
+	*x = DeleteOverrideRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrideRequest) ProtoMessage() {}
+
+func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
+func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *DeleteOverrideRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *DeleteOverrideRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type DeleteOverrideResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOverrideResponse) Reset() {
+	*x = DeleteOverrideResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrideResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrideResponse) ProtoMessage() {}
+
+func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
+func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{46}
+}
+
+type ListOverridesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Local         bool                   `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
+	PageSize      int32                  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOverridesRequest) Reset() {
+	*x = ListOverridesRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOverridesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOverridesRequest) ProtoMessage() {}
+
+func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
+func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ListOverridesRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *ListOverridesRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+func (x *ListOverridesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListOverridesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListOverridesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Overrides     []*RuleOverride        `protobuf:"bytes,1,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOverridesResponse) Reset() {
+	*x = ListOverridesResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOverridesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOverridesResponse) ProtoMessage() {}
+
+func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
+func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListOverridesResponse) GetOverrides() []*RuleOverride {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *ListOverridesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type TopKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// Most keys; default 20, at most 1000.
+	N      int32         `protobuf:"varint,2,opt,name=n,proto3" json:"n,omitempty"`
+	Window TopKeysWindow `protobuf:"varint,3,opt,name=window,proto3,enum=tokenserver.v1.TopKeysWindow" json:"window,omitempty"`
+	// Rank by denied permits instead of admitted.
+	Denied bool `protobuf:"varint,4,opt,name=denied,proto3" json:"denied,omitempty"`
+	// Answer from this node's sketch alone (nodes use it to ask each other).
+	Local         bool `protobuf:"varint,5,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopKeysRequest) Reset() {
+	*x = TopKeysRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopKeysRequest) ProtoMessage() {}
+
+func (x *TopKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopKeysRequest.ProtoReflect.Descriptor instead.
+func (*TopKeysRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *TopKeysRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *TopKeysRequest) GetN() int32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
+}
+
+func (x *TopKeysRequest) GetWindow() TopKeysWindow {
+	if x != nil {
+		return x.Window
+	}
+	return TopKeysWindow_TOP_KEYS_WINDOW_UNSPECIFIED
+}
+
+func (x *TopKeysRequest) GetDenied() bool {
+	if x != nil {
+		return x.Denied
+	}
+	return false
+}
+
+func (x *TopKeysRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type TopKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Permits counted; the true count lies in [count - error, count].
+	Count         int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	Error         int64 `protobuf:"varint,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopKey) Reset() {
+	*x = TopKey{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopKey) ProtoMessage() {}
+
+func (x *TopKey) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopKey.ProtoReflect.Descriptor instead.
+func (*TopKey) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *TopKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TopKey) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *TopKey) GetError() int64 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
+type TopKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []*TopKey              `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Every key whose true count exceeds this is listed.
+	Floor int64 `protobuf:"varint,2,opt,name=floor,proto3" json:"floor,omitempty"`
+	Total int64 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
+	// Nodes that did not answer; the counts leave them out.
+	MissingNodes  []string `protobuf:"bytes,4,rep,name=missing_nodes,json=missingNodes,proto3" json:"missing_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopKeysResponse) Reset() {
+	*x = TopKeysResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopKeysResponse) ProtoMessage() {}
+
+func (x *TopKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopKeysResponse.ProtoReflect.Descriptor instead.
+func (*TopKeysResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *TopKeysResponse) GetKeys() []*TopKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *TopKeysResponse) GetFloor() int64 {
+	if x != nil {
+		return x.Floor
+	}
+	return 0
+}
+
+func (x *TopKeysResponse) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *TopKeysResponse) GetMissingNodes() []string {
+	if x != nil {
+		return x.MissingNodes
+	}
+	return nil
+}
+
+type RuleSeriesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// Unix seconds; default the last 5 minutes; at most the last hour.
+	FromUnix      int64 `protobuf:"varint,2,opt,name=from_unix,json=fromUnix,proto3" json:"from_unix,omitempty"`
+	ToUnix        int64 `protobuf:"varint,3,opt,name=to_unix,json=toUnix,proto3" json:"to_unix,omitempty"`
+	Local         bool  `protobuf:"varint,4,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleSeriesRequest) Reset() {
+	*x = RuleSeriesRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleSeriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleSeriesRequest) ProtoMessage() {}
+
+func (x *RuleSeriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleSeriesRequest.ProtoReflect.Descriptor instead.
+func (*RuleSeriesRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *RuleSeriesRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RuleSeriesRequest) GetFromUnix() int64 {
+	if x != nil {
+		return x.FromUnix
+	}
+	return 0
+}
+
+func (x *RuleSeriesRequest) GetToUnix() int64 {
+	if x != nil {
+		return x.ToUnix
+	}
+	return 0
+}
+
+func (x *RuleSeriesRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type SeriesPoint struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Unix         int64                  `protobuf:"varint,1,opt,name=unix,proto3" json:"unix,omitempty"`
+	Admitted     int64                  `protobuf:"varint,2,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Denied       int64                  `protobuf:"varint,3,opt,name=denied,proto3" json:"denied,omitempty"`
+	ShadowDenied int64                  `protobuf:"varint,4,opt,name=shadow_denied,json=shadowDenied,proto3" json:"shadow_denied,omitempty"`
+	Permits      int64                  `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
+	// Admitted permits per second divided by the rule's limit per second.
+	Utilisation   float64 `protobuf:"fixed64,6,opt,name=utilisation,proto3" json:"utilisation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SeriesPoint) Reset() {
+	*x = SeriesPoint{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeriesPoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeriesPoint) ProtoMessage() {}
+
+func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeriesPoint.ProtoReflect.Descriptor instead.
+func (*SeriesPoint) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *SeriesPoint) GetUnix() int64 {
+	if x != nil {
+		return x.Unix
+	}
+	return 0
+}
+
+func (x *SeriesPoint) GetAdmitted() int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *SeriesPoint) GetDenied() int64 {
+	if x != nil {
+		return x.Denied
+	}
+	return 0
+}
+
+func (x *SeriesPoint) GetShadowDenied() int64 {
+	if x != nil {
+		return x.ShadowDenied
+	}
+	return 0
+}
+
+func (x *SeriesPoint) GetPermits() int64 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+func (x *SeriesPoint) GetUtilisation() float64 {
+	if x != nil {
+		return x.Utilisation
+	}
+	return 0
+}
+
+type RuleSeriesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Points        []*SeriesPoint         `protobuf:"bytes,1,rep,name=points,proto3" json:"points,omitempty"`
+	MissingNodes  []string               `protobuf:"bytes,2,rep,name=missing_nodes,json=missingNodes,proto3" json:"missing_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleSeriesResponse) Reset() {
+	*x = RuleSeriesResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleSeriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleSeriesResponse) ProtoMessage() {}
+
+func (x *RuleSeriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleSeriesResponse.ProtoReflect.Descriptor instead.
+func (*RuleSeriesResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *RuleSeriesResponse) GetPoints() []*SeriesPoint {
+	if x != nil {
+		return x.Points
+	}
+	return nil
+}
+
+func (x *RuleSeriesResponse) GetMissingNodes() []string {
+	if x != nil {
+		return x.MissingNodes
+	}
+	return nil
+}
+
+// RuleVersion is one version of a rule in its history.
+type RuleVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule as it was; unset for a deletion.
+	Rule       *Rule  `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Version    uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Principal  string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs int64  `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// PUT, DELETE, ROLLBACK or RESTORE.
+	Change        string `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleVersion) Reset() {
+	*x = RuleVersion{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleVersion) ProtoMessage() {}
+
+func (x *RuleVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleVersion.ProtoReflect.Descriptor instead.
+func (*RuleVersion) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *RuleVersion) GetRule() *Rule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *RuleVersion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuleVersion) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RuleVersion) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *RuleVersion) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+type RuleHistoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Local         bool                   `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleHistoryRequest) Reset() {
+	*x = RuleHistoryRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleHistoryRequest) ProtoMessage() {}
+
+func (x *RuleHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleHistoryRequest.ProtoReflect.Descriptor instead.
+func (*RuleHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RuleHistoryRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuleHistoryRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type RuleHistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Versions      []*RuleVersion         `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleHistoryResponse) Reset() {
+	*x = RuleHistoryResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleHistoryResponse) ProtoMessage() {}
+
+func (x *RuleHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleHistoryResponse.ProtoReflect.Descriptor instead.
+func (*RuleHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *RuleHistoryResponse) GetVersions() []*RuleVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+type RollbackRuleRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ToVersion       uint64                 `protobuf:"varint,2,opt,name=to_version,json=toVersion,proto3" json:"to_version,omitempty"`
+	ExpectedVersion *uint64                `protobuf:"varint,3,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RollbackRuleRequest) Reset() {
+	*x = RollbackRuleRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RollbackRuleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RollbackRuleRequest) ProtoMessage() {}
+
+func (x *RollbackRuleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RollbackRuleRequest.ProtoReflect.Descriptor instead.
+func (*RollbackRuleRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *RollbackRuleRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RollbackRuleRequest) GetToVersion() uint64 {
+	if x != nil {
+		return x.ToVersion
+	}
+	return 0
+}
+
+func (x *RollbackRuleRequest) GetExpectedVersion() uint64 {
+	if x != nil && x.ExpectedVersion != nil {
+		return *x.ExpectedVersion
+	}
+	return 0
+}
+
+type DiffRulesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rules         []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiffRulesRequest) Reset() {
+	*x = DiffRulesRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiffRulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiffRulesRequest) ProtoMessage() {}
+
+func (x *DiffRulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiffRulesRequest.ProtoReflect.Descriptor instead.
+func (*DiffRulesRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *DiffRulesRequest) GetRules() []*Rule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+// RuleDiff is what writing one rule would change.
+type RuleDiff struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// CREATE, UPDATE or UNCHANGED.
+	Change   string `protobuf:"bytes,2,opt,name=change,proto3" json:"change,omitempty"`
+	Current  *Rule  `protobuf:"bytes,3,opt,name=current,proto3" json:"current,omitempty"`
+	Proposed *Rule  `protobuf:"bytes,4,opt,name=proposed,proto3" json:"proposed,omitempty"`
+	// Field paths that differ.
+	Fields []string `protobuf:"bytes,5,rep,name=fields,proto3" json:"fields,omitempty"`
+	// Why the rule would be refused, if it would.
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleDiff) Reset() {
+	*x = RuleDiff{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleDiff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleDiff) ProtoMessage() {}
+
+func (x *RuleDiff) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleDiff.ProtoReflect.Descriptor instead.
+func (*RuleDiff) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *RuleDiff) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuleDiff) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *RuleDiff) GetCurrent() *Rule {
+	if x != nil {
+		return x.Current
+	}
+	return nil
+}
+
+func (x *RuleDiff) GetProposed() *Rule {
+	if x != nil {
+		return x.Proposed
+	}
+	return nil
+}
+
+func (x *RuleDiff) GetFields() []string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *RuleDiff) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type DiffRulesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Diffs         []*RuleDiff            `protobuf:"bytes,1,rep,name=diffs,proto3" json:"diffs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiffRulesResponse) Reset() {
+	*x = DiffRulesResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiffRulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiffRulesResponse) ProtoMessage() {}
+
+func (x *DiffRulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiffRulesResponse.ProtoReflect.Descriptor instead.
+func (*DiffRulesResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *DiffRulesResponse) GetDiffs() []*RuleDiff {
+	if x != nil {
+		return x.Diffs
+	}
+	return nil
+}
+
+// EnvoyDomain is one domain of envoyproxy/ratelimit configuration.
+type EnvoyDomain struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Domain string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// The domain's YAML, as envoyproxy/ratelimit reads it.
+	Yaml string `protobuf:"bytes,2,opt,name=yaml,proto3" json:"yaml,omitempty"`
+	// Output only.
+	Version uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Author  string `protobuf:"bytes,4,opt,name=author,proto3" json:"author,omitempty"`
+	// The file or xDS resource it came from.
+	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomain) Reset() {
+	*x = EnvoyDomain{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomain) ProtoMessage() {}
+
+func (x *EnvoyDomain) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomain.ProtoReflect.Descriptor instead.
+func (*EnvoyDomain) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *EnvoyDomain) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *EnvoyDomain) GetYaml() string {
+	if x != nil {
+		return x.Yaml
+	}
+	return ""
+}
+
+func (x *EnvoyDomain) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *EnvoyDomain) GetAuthor() string {
+	if x != nil {
+		return x.Author
+	}
+	return ""
+}
+
+func (x *EnvoyDomain) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+type PutEnvoyDomainRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Yaml            string                 `protobuf:"bytes,1,opt,name=yaml,proto3" json:"yaml,omitempty"`
+	Source          string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	ExpectedVersion *uint64                `protobuf:"varint,3,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PutEnvoyDomainRequest) Reset() {
+	*x = PutEnvoyDomainRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutEnvoyDomainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutEnvoyDomainRequest) ProtoMessage() {}
+
+func (x *PutEnvoyDomainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutEnvoyDomainRequest.ProtoReflect.Descriptor instead.
+func (*PutEnvoyDomainRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *PutEnvoyDomainRequest) GetYaml() string {
+	if x != nil {
+		return x.Yaml
+	}
+	return ""
+}
+
+func (x *PutEnvoyDomainRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *PutEnvoyDomainRequest) GetExpectedVersion() uint64 {
+	if x != nil && x.ExpectedVersion != nil {
+		return *x.ExpectedVersion
+	}
+	return 0
+}
+
+type PutEnvoyDomainResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domain        *EnvoyDomain           `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutEnvoyDomainResponse) Reset() {
+	*x = PutEnvoyDomainResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutEnvoyDomainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutEnvoyDomainResponse) ProtoMessage() {}
+
+func (x *PutEnvoyDomainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutEnvoyDomainResponse.ProtoReflect.Descriptor instead.
+func (*PutEnvoyDomainResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *PutEnvoyDomainResponse) GetDomain() *EnvoyDomain {
+	if x != nil {
+		return x.Domain
+	}
+	return nil
+}
+
+type GetEnvoyDomainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Local         bool                   `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEnvoyDomainRequest) Reset() {
+	*x = GetEnvoyDomainRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEnvoyDomainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEnvoyDomainRequest) ProtoMessage() {}
+
+func (x *GetEnvoyDomainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEnvoyDomainRequest.ProtoReflect.Descriptor instead.
+func (*GetEnvoyDomainRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *GetEnvoyDomainRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *GetEnvoyDomainRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type ListEnvoyDomainsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Local         bool                   `protobuf:"varint,1,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEnvoyDomainsRequest) Reset() {
+	*x = ListEnvoyDomainsRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEnvoyDomainsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEnvoyDomainsRequest) ProtoMessage() {}
+
+func (x *ListEnvoyDomainsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEnvoyDomainsRequest.ProtoReflect.Descriptor instead.
+func (*ListEnvoyDomainsRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ListEnvoyDomainsRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type ListEnvoyDomainsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domains       []*EnvoyDomain         `protobuf:"bytes,1,rep,name=domains,proto3" json:"domains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEnvoyDomainsResponse) Reset() {
+	*x = ListEnvoyDomainsResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEnvoyDomainsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEnvoyDomainsResponse) ProtoMessage() {}
+
+func (x *ListEnvoyDomainsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEnvoyDomainsResponse.ProtoReflect.Descriptor instead.
+func (*ListEnvoyDomainsResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ListEnvoyDomainsResponse) GetDomains() []*EnvoyDomain {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
+type DeleteEnvoyDomainRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Domain          string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeleteEnvoyDomainRequest) Reset() {
+	*x = DeleteEnvoyDomainRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteEnvoyDomainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteEnvoyDomainRequest) ProtoMessage() {}
+
+func (x *DeleteEnvoyDomainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteEnvoyDomainRequest.ProtoReflect.Descriptor instead.
+func (*DeleteEnvoyDomainRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *DeleteEnvoyDomainRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *DeleteEnvoyDomainRequest) GetExpectedVersion() uint64 {
+	if x != nil && x.ExpectedVersion != nil {
+		return *x.ExpectedVersion
+	}
+	return 0
+}
+
+type DeleteEnvoyDomainResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteEnvoyDomainResponse) Reset() {
+	*x = DeleteEnvoyDomainResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteEnvoyDomainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteEnvoyDomainResponse) ProtoMessage() {}
+
+func (x *DeleteEnvoyDomainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteEnvoyDomainResponse.ProtoReflect.Descriptor instead.
+func (*DeleteEnvoyDomainResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{69}
+}
+
 var File_tokenserver_v1_tokenserver_proto protoreflect.FileDescriptor
 
 const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
-	" tokenserver/v1/tokenserver.proto\x12\x0etokenserver.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\"\x96\x05\n" +
+	" tokenserver/v1/tokenserver.proto\x12\x0etokenserver.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\"\xfd\x06\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\talgorithm\x18\x02 \x01(\x0e2\x19.tokenserver.v1.AlgorithmR\talgorithm\x12\x14\n" +
@@ -2746,7 +4810,21 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"generation\x18\x11 \x01(\x04R\n" +
 	"generation\x12\x1d\n" +
 	"\n" +
-	"updated_by\x18\x12 \x01(\tR\tupdatedBy\"H\n" +
+	"updated_by\x18\x12 \x01(\tR\tupdatedBy\x124\n" +
+	"\bcalendar\x18\x13 \x01(\x0e2\x18.tokenserver.v1.CalendarR\bcalendar\x12\x1b\n" +
+	"\ttime_zone\x18\x14 \x01(\tR\btimeZone\x124\n" +
+	"\x06inline\x18\x15 \x01(\v2\x1c.tokenserver.v1.InlinePolicyR\x06inline\x12\x18\n" +
+	"\adurable\x18\x16 \x01(\bR\adurable\x12B\n" +
+	"\x0freservation_ttl\x18\x17 \x01(\v2\x19.google.protobuf.DurationR\x0ereservationTtl\"e\n" +
+	"\fInlinePolicy\x12\x1b\n" +
+	"\tmax_limit\x18\x01 \x01(\x03R\bmaxLimit\x128\n" +
+	"\n" +
+	"max_period\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tmaxPeriod\"\x8f\x01\n" +
+	"\vInlineLimit\x127\n" +
+	"\talgorithm\x18\x01 \x01(\x0e2\x19.tokenserver.v1.AlgorithmR\talgorithm\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1b\n" +
+	"\tperiod_ns\x18\x03 \x01(\x03R\bperiodNs\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\"H\n" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
@@ -2756,14 +4834,15 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\"Y\n" +
 	"\rLeaseSettings\x12\x1b\n" +
 	"\tmax_batch\x18\x01 \x01(\x03R\bmaxBatch\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xb6\x01\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xe9\x01\n" +
 	"\x13AcquireTokenRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1d\n" +
 	"\apermits\x18\x03 \x01(\x03H\x00R\apermits\x88\x01\x01\x12\x18\n" +
 	"\apartial\x18\x04 \x01(\bR\apartial\x12\x1e\n" +
 	"\vmax_wait_ns\x18\x05 \x01(\x03R\tmaxWaitNs\x12\x14\n" +
-	"\x05lease\x18\x06 \x01(\bR\x05leaseB\n" +
+	"\x05lease\x18\x06 \x01(\bR\x05lease\x121\n" +
+	"\x05limit\x18\a \x01(\v2\x1b.tokenserver.v1.InlineLimitR\x05limitB\n" +
 	"\n" +
 	"\b_permits\"\x83\x03\n" +
 	"\x14AcquireTokenResponse\x12\x18\n" +
@@ -2778,9 +4857,10 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x05epoch\x18\t \x01(\x04R\x05epoch\x12.\n" +
 	"\x06reason\x18\n" +
 	" \x01(\x0e2\x16.tokenserver.v1.ReasonR\x06reason\x12#\n" +
-	"\rshadow_denied\x18\v \x01(\bR\fshadowDenied\"W\n" +
+	"\rshadow_denied\x18\v \x01(\bR\fshadowDenied\"}\n" +
 	"\x14AcquireTokensRequest\x12?\n" +
-	"\brequests\x18\x01 \x03(\v2#.tokenserver.v1.AcquireTokenRequestR\brequests\"V\n" +
+	"\brequests\x18\x01 \x03(\v2#.tokenserver.v1.AcquireTokenRequestR\brequests\x12$\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"V\n" +
 	"\x15AcquireTokensResponse\x12=\n" +
 	"\aresults\x18\x01 \x03(\v2#.tokenserver.v1.AcquireTokensResultR\aresults\"\x83\x01\n" +
 	"\x13AcquireTokensResult\x12*\n" +
@@ -2908,7 +4988,126 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"I\n" +
 	"\x17SnapshotRestoreResponse\x12\x14\n" +
 	"\x05rules\x18\x01 \x01(\x03R\x05rules\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x04R\aversion*\x92\x01\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"i\n" +
+	"\x12CommitTokenRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x19\n" +
+	"\bgrant_id\x18\x03 \x01(\tR\agrantId\x12\x12\n" +
+	"\x04used\x18\x04 \x01(\x03R\x04used\"m\n" +
+	"\x13CommitTokenResponse\x12\x1c\n" +
+	"\tremaining\x18\x01 \x01(\x03R\tremaining\x12\x12\n" +
+	"\x04debt\x18\x02 \x01(\x03R\x04debt\x12$\n" +
+	"\x0eretry_after_ns\x18\x03 \x01(\x03R\fretryAfterNs\"\xc1\x01\n" +
+	"\fRuleOverride\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12&\n" +
+	"\x0fexpires_unix_ns\x18\x05 \x01(\x03R\rexpiresUnixNs\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\a \x01(\tR\tupdatedBy\"N\n" +
+	"\x12PutOverrideRequest\x128\n" +
+	"\boverride\x18\x01 \x01(\v2\x1c.tokenserver.v1.RuleOverrideR\boverride\"O\n" +
+	"\x13PutOverrideResponse\x128\n" +
+	"\boverride\x18\x01 \x01(\v2\x1c.tokenserver.v1.RuleOverrideR\boverride\"=\n" +
+	"\x15DeleteOverrideRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\x18\n" +
+	"\x16DeleteOverrideResponse\"|\n" +
+	"\x14ListOverridesRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"{\n" +
+	"\x15ListOverridesResponse\x12:\n" +
+	"\toverrides\x18\x01 \x03(\v2\x1c.tokenserver.v1.RuleOverrideR\toverrides\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x97\x01\n" +
+	"\x0eTopKeysRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\f\n" +
+	"\x01n\x18\x02 \x01(\x05R\x01n\x125\n" +
+	"\x06window\x18\x03 \x01(\x0e2\x1d.tokenserver.v1.TopKeysWindowR\x06window\x12\x16\n" +
+	"\x06denied\x18\x04 \x01(\bR\x06denied\x12\x14\n" +
+	"\x05local\x18\x05 \x01(\bR\x05local\"F\n" +
+	"\x06TopKey\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\x03R\x05error\"\x8e\x01\n" +
+	"\x0fTopKeysResponse\x12*\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.tokenserver.v1.TopKeyR\x04keys\x12\x14\n" +
+	"\x05floor\x18\x02 \x01(\x03R\x05floor\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x03R\x05total\x12#\n" +
+	"\rmissing_nodes\x18\x04 \x03(\tR\fmissingNodes\"s\n" +
+	"\x11RuleSeriesRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1b\n" +
+	"\tfrom_unix\x18\x02 \x01(\x03R\bfromUnix\x12\x17\n" +
+	"\ato_unix\x18\x03 \x01(\x03R\x06toUnix\x12\x14\n" +
+	"\x05local\x18\x04 \x01(\bR\x05local\"\xb6\x01\n" +
+	"\vSeriesPoint\x12\x12\n" +
+	"\x04unix\x18\x01 \x01(\x03R\x04unix\x12\x1a\n" +
+	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
+	"\x06denied\x18\x03 \x01(\x03R\x06denied\x12#\n" +
+	"\rshadow_denied\x18\x04 \x01(\x03R\fshadowDenied\x12\x18\n" +
+	"\apermits\x18\x05 \x01(\x03R\apermits\x12 \n" +
+	"\vutilisation\x18\x06 \x01(\x01R\vutilisation\"n\n" +
+	"\x12RuleSeriesResponse\x123\n" +
+	"\x06points\x18\x01 \x03(\v2\x1b.tokenserver.v1.SeriesPointR\x06points\x12#\n" +
+	"\rmissing_nodes\x18\x02 \x03(\tR\fmissingNodes\"\xa9\x01\n" +
+	"\vRuleVersion\x12(\n" +
+	"\x04rule\x18\x01 \x01(\v2\x14.tokenserver.v1.RuleR\x04rule\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\x05 \x01(\tR\x06change\">\n" +
+	"\x12RuleHistoryRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"N\n" +
+	"\x13RuleHistoryResponse\x127\n" +
+	"\bversions\x18\x01 \x03(\v2\x1b.tokenserver.v1.RuleVersionR\bversions\"\x8d\x01\n" +
+	"\x13RollbackRuleRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"to_version\x18\x02 \x01(\x04R\ttoVersion\x12.\n" +
+	"\x10expected_version\x18\x03 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x11_expected_version\">\n" +
+	"\x10DiffRulesRequest\x12*\n" +
+	"\x05rules\x18\x01 \x03(\v2\x14.tokenserver.v1.RuleR\x05rules\"\xc6\x01\n" +
+	"\bRuleDiff\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06change\x18\x02 \x01(\tR\x06change\x12.\n" +
+	"\acurrent\x18\x03 \x01(\v2\x14.tokenserver.v1.RuleR\acurrent\x120\n" +
+	"\bproposed\x18\x04 \x01(\v2\x14.tokenserver.v1.RuleR\bproposed\x12\x16\n" +
+	"\x06fields\x18\x05 \x03(\tR\x06fields\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"C\n" +
+	"\x11DiffRulesResponse\x12.\n" +
+	"\x05diffs\x18\x01 \x03(\v2\x18.tokenserver.v1.RuleDiffR\x05diffs\"\x83\x01\n" +
+	"\vEnvoyDomain\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x12\n" +
+	"\x04yaml\x18\x02 \x01(\tR\x04yaml\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06author\x18\x04 \x01(\tR\x06author\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"\x88\x01\n" +
+	"\x15PutEnvoyDomainRequest\x12\x12\n" +
+	"\x04yaml\x18\x01 \x01(\tR\x04yaml\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12.\n" +
+	"\x10expected_version\x18\x03 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x11_expected_version\"M\n" +
+	"\x16PutEnvoyDomainResponse\x123\n" +
+	"\x06domain\x18\x01 \x01(\v2\x1b.tokenserver.v1.EnvoyDomainR\x06domain\"E\n" +
+	"\x15GetEnvoyDomainRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"/\n" +
+	"\x17ListEnvoyDomainsRequest\x12\x14\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\"Q\n" +
+	"\x18ListEnvoyDomainsResponse\x125\n" +
+	"\adomains\x18\x01 \x03(\v2\x1b.tokenserver.v1.EnvoyDomainR\adomains\"w\n" +
+	"\x18DeleteEnvoyDomainRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12.\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x11_expected_version\"\x1b\n" +
+	"\x19DeleteEnvoyDomainResponse*\x92\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTOKEN_BUCKET\x10\x01\x12\x10\n" +
@@ -2928,7 +5127,17 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\aPENALTY\x10\x02\x12\r\n" +
 	"\tDENY_LIST\x10\x03\x12\x0e\n" +
 	"\n" +
-	"ALLOW_LIST\x10\x042\xa4\x04\n" +
+	"ALLOW_LIST\x10\x04*B\n" +
+	"\bCalendar\x12\x18\n" +
+	"\x14CALENDAR_UNSPECIFIED\x10\x00\x12\a\n" +
+	"\x03DAY\x10\x01\x12\b\n" +
+	"\x04WEEK\x10\x02\x12\t\n" +
+	"\x05MONTH\x10\x03*F\n" +
+	"\rTopKeysWindow\x12\x1f\n" +
+	"\x1bTOP_KEYS_WINDOW_UNSPECIFIED\x10\x00\x12\n" +
+	"\n" +
+	"\x06MINUTE\x10\x01\x12\b\n" +
+	"\x04HOUR\x10\x022\xfc\x04\n" +
 	"\fTokenService\x12Y\n" +
 	"\fAcquireToken\x12#.tokenserver.v1.AcquireTokenRequest\x1a$.tokenserver.v1.AcquireTokenResponse\x12\\\n" +
 	"\rAcquireTokens\x12$.tokenserver.v1.AcquireTokensRequest\x1a%.tokenserver.v1.AcquireTokensResponse\x12V\n" +
@@ -2936,7 +5145,8 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\n" +
 	"RenewLease\x12!.tokenserver.v1.RenewLeaseRequest\x1a\".tokenserver.v1.RenewLeaseResponse\x12T\n" +
 	"\x0eGetClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView\x12X\n" +
-	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x012\xb3\a\n" +
+	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x01\x12V\n" +
+	"\vCommitToken\x12\".tokenserver.v1.CommitTokenRequest\x1a#.tokenserver.v1.CommitTokenResponse2\xf3\x0f\n" +
 	"\fAdminService\x12J\n" +
 	"\aPutRule\x12\x1e.tokenserver.v1.PutRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12?\n" +
 	"\aGetRule\x12\x1e.tokenserver.v1.GetRuleRequest\x1a\x14.tokenserver.v1.Rule\x12P\n" +
@@ -2950,7 +5160,20 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\fRemoveMember\x12#.tokenserver.v1.RemoveMemberRequest\x1a$.tokenserver.v1.RemoveMemberResponse\x12V\n" +
 	"\vDrainMember\x12\".tokenserver.v1.DrainMemberRequest\x1a#.tokenserver.v1.DrainMemberResponse\x12T\n" +
 	"\fSnapshotSave\x12#.tokenserver.v1.SnapshotSaveRequest\x1a\x1d.tokenserver.v1.SnapshotChunk0\x01\x12[\n" +
-	"\x0fSnapshotRestore\x12\x1d.tokenserver.v1.SnapshotChunk\x1a'.tokenserver.v1.SnapshotRestoreResponse(\x01BGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
+	"\x0fSnapshotRestore\x12\x1d.tokenserver.v1.SnapshotChunk\x1a'.tokenserver.v1.SnapshotRestoreResponse(\x01\x12V\n" +
+	"\vPutOverride\x12\".tokenserver.v1.PutOverrideRequest\x1a#.tokenserver.v1.PutOverrideResponse\x12_\n" +
+	"\x0eDeleteOverride\x12%.tokenserver.v1.DeleteOverrideRequest\x1a&.tokenserver.v1.DeleteOverrideResponse\x12\\\n" +
+	"\rListOverrides\x12$.tokenserver.v1.ListOverridesRequest\x1a%.tokenserver.v1.ListOverridesResponse\x12J\n" +
+	"\aTopKeys\x12\x1e.tokenserver.v1.TopKeysRequest\x1a\x1f.tokenserver.v1.TopKeysResponse\x12S\n" +
+	"\n" +
+	"RuleSeries\x12!.tokenserver.v1.RuleSeriesRequest\x1a\".tokenserver.v1.RuleSeriesResponse\x12V\n" +
+	"\vRuleHistory\x12\".tokenserver.v1.RuleHistoryRequest\x1a#.tokenserver.v1.RuleHistoryResponse\x12T\n" +
+	"\fRollbackRule\x12#.tokenserver.v1.RollbackRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12P\n" +
+	"\tDiffRules\x12 .tokenserver.v1.DiffRulesRequest\x1a!.tokenserver.v1.DiffRulesResponse\x12_\n" +
+	"\x0ePutEnvoyDomain\x12%.tokenserver.v1.PutEnvoyDomainRequest\x1a&.tokenserver.v1.PutEnvoyDomainResponse\x12T\n" +
+	"\x0eGetEnvoyDomain\x12%.tokenserver.v1.GetEnvoyDomainRequest\x1a\x1b.tokenserver.v1.EnvoyDomain\x12e\n" +
+	"\x10ListEnvoyDomains\x12'.tokenserver.v1.ListEnvoyDomainsRequest\x1a(.tokenserver.v1.ListEnvoyDomainsResponse\x12h\n" +
+	"\x11DeleteEnvoyDomain\x12(.tokenserver.v1.DeleteEnvoyDomainRequest\x1a).tokenserver.v1.DeleteEnvoyDomainResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
 
 var (
 	file_tokenserver_v1_tokenserver_proto_rawDescOnce sync.Once
@@ -2964,118 +5187,198 @@ func file_tokenserver_v1_tokenserver_proto_rawDescGZIP() []byte {
 	return file_tokenserver_v1_tokenserver_proto_rawDescData
 }
 
-var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
-	(Algorithm)(0),                  // 0: tokenserver.v1.Algorithm
-	(FallbackPolicy)(0),             // 1: tokenserver.v1.FallbackPolicy
-	(Reason)(0),                     // 2: tokenserver.v1.Reason
-	(*Rule)(nil),                    // 3: tokenserver.v1.Rule
-	(*Override)(nil),                // 4: tokenserver.v1.Override
-	(*Fallback)(nil),                // 5: tokenserver.v1.Fallback
-	(*LeaseSettings)(nil),           // 6: tokenserver.v1.LeaseSettings
-	(*AcquireTokenRequest)(nil),     // 7: tokenserver.v1.AcquireTokenRequest
-	(*AcquireTokenResponse)(nil),    // 8: tokenserver.v1.AcquireTokenResponse
-	(*AcquireTokensRequest)(nil),    // 9: tokenserver.v1.AcquireTokensRequest
-	(*AcquireTokensResponse)(nil),   // 10: tokenserver.v1.AcquireTokensResponse
-	(*AcquireTokensResult)(nil),     // 11: tokenserver.v1.AcquireTokensResult
-	(*RefillTokenRequest)(nil),      // 12: tokenserver.v1.RefillTokenRequest
-	(*RefillTokenResponse)(nil),     // 13: tokenserver.v1.RefillTokenResponse
-	(*RenewLeaseRequest)(nil),       // 14: tokenserver.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),      // 15: tokenserver.v1.RenewLeaseResponse
-	(*GetClusterViewRequest)(nil),   // 16: tokenserver.v1.GetClusterViewRequest
-	(*ClusterView)(nil),             // 17: tokenserver.v1.ClusterView
-	(*Member)(nil),                  // 18: tokenserver.v1.Member
-	(*ClientRule)(nil),              // 19: tokenserver.v1.ClientRule
-	(*PutRuleRequest)(nil),          // 20: tokenserver.v1.PutRuleRequest
-	(*PutRuleResponse)(nil),         // 21: tokenserver.v1.PutRuleResponse
-	(*GetRuleRequest)(nil),          // 22: tokenserver.v1.GetRuleRequest
-	(*ListRulesRequest)(nil),        // 23: tokenserver.v1.ListRulesRequest
-	(*ListRulesResponse)(nil),       // 24: tokenserver.v1.ListRulesResponse
-	(*DeleteRuleRequest)(nil),       // 25: tokenserver.v1.DeleteRuleRequest
-	(*DeleteRuleResponse)(nil),      // 26: tokenserver.v1.DeleteRuleResponse
-	(*ClusterStatusRequest)(nil),    // 27: tokenserver.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),   // 28: tokenserver.v1.ClusterStatusResponse
-	(*MemberStatus)(nil),            // 29: tokenserver.v1.MemberStatus
-	(*NodeStatusRequest)(nil),       // 30: tokenserver.v1.NodeStatusRequest
-	(*NodeStatusResponse)(nil),      // 31: tokenserver.v1.NodeStatusResponse
-	(*JoinClusterRequest)(nil),      // 32: tokenserver.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),     // 33: tokenserver.v1.JoinClusterResponse
-	(*RemoveMemberRequest)(nil),     // 34: tokenserver.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),    // 35: tokenserver.v1.RemoveMemberResponse
-	(*DrainMemberRequest)(nil),      // 36: tokenserver.v1.DrainMemberRequest
-	(*DrainMemberResponse)(nil),     // 37: tokenserver.v1.DrainMemberResponse
-	(*SnapshotSaveRequest)(nil),     // 38: tokenserver.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),           // 39: tokenserver.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil), // 40: tokenserver.v1.SnapshotRestoreResponse
-	(*durationpb.Duration)(nil),     // 41: google.protobuf.Duration
-	(*status.Status)(nil),           // 42: google.rpc.Status
+	(Algorithm)(0),                    // 0: tokenserver.v1.Algorithm
+	(FallbackPolicy)(0),               // 1: tokenserver.v1.FallbackPolicy
+	(Reason)(0),                       // 2: tokenserver.v1.Reason
+	(Calendar)(0),                     // 3: tokenserver.v1.Calendar
+	(TopKeysWindow)(0),                // 4: tokenserver.v1.TopKeysWindow
+	(*Rule)(nil),                      // 5: tokenserver.v1.Rule
+	(*InlinePolicy)(nil),              // 6: tokenserver.v1.InlinePolicy
+	(*InlineLimit)(nil),               // 7: tokenserver.v1.InlineLimit
+	(*Override)(nil),                  // 8: tokenserver.v1.Override
+	(*Fallback)(nil),                  // 9: tokenserver.v1.Fallback
+	(*LeaseSettings)(nil),             // 10: tokenserver.v1.LeaseSettings
+	(*AcquireTokenRequest)(nil),       // 11: tokenserver.v1.AcquireTokenRequest
+	(*AcquireTokenResponse)(nil),      // 12: tokenserver.v1.AcquireTokenResponse
+	(*AcquireTokensRequest)(nil),      // 13: tokenserver.v1.AcquireTokensRequest
+	(*AcquireTokensResponse)(nil),     // 14: tokenserver.v1.AcquireTokensResponse
+	(*AcquireTokensResult)(nil),       // 15: tokenserver.v1.AcquireTokensResult
+	(*RefillTokenRequest)(nil),        // 16: tokenserver.v1.RefillTokenRequest
+	(*RefillTokenResponse)(nil),       // 17: tokenserver.v1.RefillTokenResponse
+	(*RenewLeaseRequest)(nil),         // 18: tokenserver.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),        // 19: tokenserver.v1.RenewLeaseResponse
+	(*GetClusterViewRequest)(nil),     // 20: tokenserver.v1.GetClusterViewRequest
+	(*ClusterView)(nil),               // 21: tokenserver.v1.ClusterView
+	(*Member)(nil),                    // 22: tokenserver.v1.Member
+	(*ClientRule)(nil),                // 23: tokenserver.v1.ClientRule
+	(*PutRuleRequest)(nil),            // 24: tokenserver.v1.PutRuleRequest
+	(*PutRuleResponse)(nil),           // 25: tokenserver.v1.PutRuleResponse
+	(*GetRuleRequest)(nil),            // 26: tokenserver.v1.GetRuleRequest
+	(*ListRulesRequest)(nil),          // 27: tokenserver.v1.ListRulesRequest
+	(*ListRulesResponse)(nil),         // 28: tokenserver.v1.ListRulesResponse
+	(*DeleteRuleRequest)(nil),         // 29: tokenserver.v1.DeleteRuleRequest
+	(*DeleteRuleResponse)(nil),        // 30: tokenserver.v1.DeleteRuleResponse
+	(*ClusterStatusRequest)(nil),      // 31: tokenserver.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),     // 32: tokenserver.v1.ClusterStatusResponse
+	(*MemberStatus)(nil),              // 33: tokenserver.v1.MemberStatus
+	(*NodeStatusRequest)(nil),         // 34: tokenserver.v1.NodeStatusRequest
+	(*NodeStatusResponse)(nil),        // 35: tokenserver.v1.NodeStatusResponse
+	(*JoinClusterRequest)(nil),        // 36: tokenserver.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),       // 37: tokenserver.v1.JoinClusterResponse
+	(*RemoveMemberRequest)(nil),       // 38: tokenserver.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),      // 39: tokenserver.v1.RemoveMemberResponse
+	(*DrainMemberRequest)(nil),        // 40: tokenserver.v1.DrainMemberRequest
+	(*DrainMemberResponse)(nil),       // 41: tokenserver.v1.DrainMemberResponse
+	(*SnapshotSaveRequest)(nil),       // 42: tokenserver.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),             // 43: tokenserver.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),   // 44: tokenserver.v1.SnapshotRestoreResponse
+	(*CommitTokenRequest)(nil),        // 45: tokenserver.v1.CommitTokenRequest
+	(*CommitTokenResponse)(nil),       // 46: tokenserver.v1.CommitTokenResponse
+	(*RuleOverride)(nil),              // 47: tokenserver.v1.RuleOverride
+	(*PutOverrideRequest)(nil),        // 48: tokenserver.v1.PutOverrideRequest
+	(*PutOverrideResponse)(nil),       // 49: tokenserver.v1.PutOverrideResponse
+	(*DeleteOverrideRequest)(nil),     // 50: tokenserver.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil),    // 51: tokenserver.v1.DeleteOverrideResponse
+	(*ListOverridesRequest)(nil),      // 52: tokenserver.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),     // 53: tokenserver.v1.ListOverridesResponse
+	(*TopKeysRequest)(nil),            // 54: tokenserver.v1.TopKeysRequest
+	(*TopKey)(nil),                    // 55: tokenserver.v1.TopKey
+	(*TopKeysResponse)(nil),           // 56: tokenserver.v1.TopKeysResponse
+	(*RuleSeriesRequest)(nil),         // 57: tokenserver.v1.RuleSeriesRequest
+	(*SeriesPoint)(nil),               // 58: tokenserver.v1.SeriesPoint
+	(*RuleSeriesResponse)(nil),        // 59: tokenserver.v1.RuleSeriesResponse
+	(*RuleVersion)(nil),               // 60: tokenserver.v1.RuleVersion
+	(*RuleHistoryRequest)(nil),        // 61: tokenserver.v1.RuleHistoryRequest
+	(*RuleHistoryResponse)(nil),       // 62: tokenserver.v1.RuleHistoryResponse
+	(*RollbackRuleRequest)(nil),       // 63: tokenserver.v1.RollbackRuleRequest
+	(*DiffRulesRequest)(nil),          // 64: tokenserver.v1.DiffRulesRequest
+	(*RuleDiff)(nil),                  // 65: tokenserver.v1.RuleDiff
+	(*DiffRulesResponse)(nil),         // 66: tokenserver.v1.DiffRulesResponse
+	(*EnvoyDomain)(nil),               // 67: tokenserver.v1.EnvoyDomain
+	(*PutEnvoyDomainRequest)(nil),     // 68: tokenserver.v1.PutEnvoyDomainRequest
+	(*PutEnvoyDomainResponse)(nil),    // 69: tokenserver.v1.PutEnvoyDomainResponse
+	(*GetEnvoyDomainRequest)(nil),     // 70: tokenserver.v1.GetEnvoyDomainRequest
+	(*ListEnvoyDomainsRequest)(nil),   // 71: tokenserver.v1.ListEnvoyDomainsRequest
+	(*ListEnvoyDomainsResponse)(nil),  // 72: tokenserver.v1.ListEnvoyDomainsResponse
+	(*DeleteEnvoyDomainRequest)(nil),  // 73: tokenserver.v1.DeleteEnvoyDomainRequest
+	(*DeleteEnvoyDomainResponse)(nil), // 74: tokenserver.v1.DeleteEnvoyDomainResponse
+	(*durationpb.Duration)(nil),       // 75: google.protobuf.Duration
+	(*status.Status)(nil),             // 76: google.rpc.Status
 }
 var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	0,  // 0: tokenserver.v1.Rule.algorithm:type_name -> tokenserver.v1.Algorithm
-	41, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
-	41, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
-	41, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
-	4,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
-	5,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
-	6,  // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
-	1,  // 7: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
-	41, // 8: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
-	2,  // 9: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
-	7,  // 10: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
-	11, // 11: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
-	42, // 12: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
-	8,  // 13: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
-	18, // 14: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
-	19, // 15: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
-	0,  // 16: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
-	41, // 17: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
-	5,  // 18: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
-	6,  // 19: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
-	3,  // 20: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
-	3,  // 21: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
-	3,  // 22: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
-	29, // 23: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
-	41, // 24: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
-	7,  // 25: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
-	9,  // 26: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
-	12, // 27: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
-	14, // 28: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
-	16, // 29: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	16, // 30: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	20, // 31: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
-	22, // 32: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
-	23, // 33: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
-	25, // 34: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
-	27, // 35: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
-	30, // 36: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
-	32, // 37: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
-	34, // 38: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
-	36, // 39: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
-	38, // 40: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
-	39, // 41: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
-	8,  // 42: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	10, // 43: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	13, // 44: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	15, // 45: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	17, // 46: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	17, // 47: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 48: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	3,  // 49: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	24, // 50: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	26, // 51: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	28, // 52: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
-	31, // 53: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
-	33, // 54: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
-	35, // 55: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
-	37, // 56: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
-	39, // 57: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
-	40, // 58: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
-	42, // [42:59] is the sub-list for method output_type
-	25, // [25:42] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	75, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
+	75, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
+	75, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
+	8,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
+	9,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
+	10, // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
+	3,  // 7: tokenserver.v1.Rule.calendar:type_name -> tokenserver.v1.Calendar
+	6,  // 8: tokenserver.v1.Rule.inline:type_name -> tokenserver.v1.InlinePolicy
+	75, // 9: tokenserver.v1.Rule.reservation_ttl:type_name -> google.protobuf.Duration
+	75, // 10: tokenserver.v1.InlinePolicy.max_period:type_name -> google.protobuf.Duration
+	0,  // 11: tokenserver.v1.InlineLimit.algorithm:type_name -> tokenserver.v1.Algorithm
+	1,  // 12: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
+	75, // 13: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	7,  // 14: tokenserver.v1.AcquireTokenRequest.limit:type_name -> tokenserver.v1.InlineLimit
+	2,  // 15: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
+	11, // 16: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
+	15, // 17: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
+	76, // 18: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
+	12, // 19: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
+	22, // 20: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
+	23, // 21: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
+	0,  // 22: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
+	75, // 23: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
+	9,  // 24: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
+	10, // 25: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
+	5,  // 26: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
+	5,  // 27: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
+	5,  // 28: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
+	33, // 29: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
+	75, // 30: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
+	47, // 31: tokenserver.v1.PutOverrideRequest.override:type_name -> tokenserver.v1.RuleOverride
+	47, // 32: tokenserver.v1.PutOverrideResponse.override:type_name -> tokenserver.v1.RuleOverride
+	47, // 33: tokenserver.v1.ListOverridesResponse.overrides:type_name -> tokenserver.v1.RuleOverride
+	4,  // 34: tokenserver.v1.TopKeysRequest.window:type_name -> tokenserver.v1.TopKeysWindow
+	55, // 35: tokenserver.v1.TopKeysResponse.keys:type_name -> tokenserver.v1.TopKey
+	58, // 36: tokenserver.v1.RuleSeriesResponse.points:type_name -> tokenserver.v1.SeriesPoint
+	5,  // 37: tokenserver.v1.RuleVersion.rule:type_name -> tokenserver.v1.Rule
+	60, // 38: tokenserver.v1.RuleHistoryResponse.versions:type_name -> tokenserver.v1.RuleVersion
+	5,  // 39: tokenserver.v1.DiffRulesRequest.rules:type_name -> tokenserver.v1.Rule
+	5,  // 40: tokenserver.v1.RuleDiff.current:type_name -> tokenserver.v1.Rule
+	5,  // 41: tokenserver.v1.RuleDiff.proposed:type_name -> tokenserver.v1.Rule
+	65, // 42: tokenserver.v1.DiffRulesResponse.diffs:type_name -> tokenserver.v1.RuleDiff
+	67, // 43: tokenserver.v1.PutEnvoyDomainResponse.domain:type_name -> tokenserver.v1.EnvoyDomain
+	67, // 44: tokenserver.v1.ListEnvoyDomainsResponse.domains:type_name -> tokenserver.v1.EnvoyDomain
+	11, // 45: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
+	13, // 46: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
+	16, // 47: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
+	18, // 48: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
+	20, // 49: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	20, // 50: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	45, // 51: tokenserver.v1.TokenService.CommitToken:input_type -> tokenserver.v1.CommitTokenRequest
+	24, // 52: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
+	26, // 53: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
+	27, // 54: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
+	29, // 55: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
+	31, // 56: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
+	34, // 57: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
+	36, // 58: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
+	38, // 59: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
+	40, // 60: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
+	42, // 61: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
+	43, // 62: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
+	48, // 63: tokenserver.v1.AdminService.PutOverride:input_type -> tokenserver.v1.PutOverrideRequest
+	50, // 64: tokenserver.v1.AdminService.DeleteOverride:input_type -> tokenserver.v1.DeleteOverrideRequest
+	52, // 65: tokenserver.v1.AdminService.ListOverrides:input_type -> tokenserver.v1.ListOverridesRequest
+	54, // 66: tokenserver.v1.AdminService.TopKeys:input_type -> tokenserver.v1.TopKeysRequest
+	57, // 67: tokenserver.v1.AdminService.RuleSeries:input_type -> tokenserver.v1.RuleSeriesRequest
+	61, // 68: tokenserver.v1.AdminService.RuleHistory:input_type -> tokenserver.v1.RuleHistoryRequest
+	63, // 69: tokenserver.v1.AdminService.RollbackRule:input_type -> tokenserver.v1.RollbackRuleRequest
+	64, // 70: tokenserver.v1.AdminService.DiffRules:input_type -> tokenserver.v1.DiffRulesRequest
+	68, // 71: tokenserver.v1.AdminService.PutEnvoyDomain:input_type -> tokenserver.v1.PutEnvoyDomainRequest
+	70, // 72: tokenserver.v1.AdminService.GetEnvoyDomain:input_type -> tokenserver.v1.GetEnvoyDomainRequest
+	71, // 73: tokenserver.v1.AdminService.ListEnvoyDomains:input_type -> tokenserver.v1.ListEnvoyDomainsRequest
+	73, // 74: tokenserver.v1.AdminService.DeleteEnvoyDomain:input_type -> tokenserver.v1.DeleteEnvoyDomainRequest
+	12, // 75: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	14, // 76: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	17, // 77: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	19, // 78: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	21, // 79: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 80: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	46, // 81: tokenserver.v1.TokenService.CommitToken:output_type -> tokenserver.v1.CommitTokenResponse
+	25, // 82: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	5,  // 83: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	28, // 84: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	30, // 85: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	32, // 86: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	35, // 87: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	37, // 88: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	39, // 89: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	41, // 90: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
+	43, // 91: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
+	44, // 92: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
+	49, // 93: tokenserver.v1.AdminService.PutOverride:output_type -> tokenserver.v1.PutOverrideResponse
+	51, // 94: tokenserver.v1.AdminService.DeleteOverride:output_type -> tokenserver.v1.DeleteOverrideResponse
+	53, // 95: tokenserver.v1.AdminService.ListOverrides:output_type -> tokenserver.v1.ListOverridesResponse
+	56, // 96: tokenserver.v1.AdminService.TopKeys:output_type -> tokenserver.v1.TopKeysResponse
+	59, // 97: tokenserver.v1.AdminService.RuleSeries:output_type -> tokenserver.v1.RuleSeriesResponse
+	62, // 98: tokenserver.v1.AdminService.RuleHistory:output_type -> tokenserver.v1.RuleHistoryResponse
+	25, // 99: tokenserver.v1.AdminService.RollbackRule:output_type -> tokenserver.v1.PutRuleResponse
+	66, // 100: tokenserver.v1.AdminService.DiffRules:output_type -> tokenserver.v1.DiffRulesResponse
+	69, // 101: tokenserver.v1.AdminService.PutEnvoyDomain:output_type -> tokenserver.v1.PutEnvoyDomainResponse
+	67, // 102: tokenserver.v1.AdminService.GetEnvoyDomain:output_type -> tokenserver.v1.EnvoyDomain
+	72, // 103: tokenserver.v1.AdminService.ListEnvoyDomains:output_type -> tokenserver.v1.ListEnvoyDomainsResponse
+	74, // 104: tokenserver.v1.AdminService.DeleteEnvoyDomain:output_type -> tokenserver.v1.DeleteEnvoyDomainResponse
+	75, // [75:105] is the sub-list for method output_type
+	45, // [45:75] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_v1_tokenserver_proto_init() }
@@ -3083,17 +5386,20 @@ func file_tokenserver_v1_tokenserver_proto_init() {
 	if File_tokenserver_v1_tokenserver_proto != nil {
 		return
 	}
-	file_tokenserver_v1_tokenserver_proto_msgTypes[4].OneofWrappers = []any{}
-	file_tokenserver_v1_tokenserver_proto_msgTypes[9].OneofWrappers = []any{}
-	file_tokenserver_v1_tokenserver_proto_msgTypes[17].OneofWrappers = []any{}
-	file_tokenserver_v1_tokenserver_proto_msgTypes[22].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[6].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[11].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[19].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[24].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[58].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[63].OneofWrappers = []any{}
+	file_tokenserver_v1_tokenserver_proto_msgTypes[68].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_v1_tokenserver_proto_rawDesc), len(file_tokenserver_v1_tokenserver_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   38,
+			NumEnums:      5,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

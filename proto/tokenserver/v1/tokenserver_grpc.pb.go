@@ -42,6 +42,7 @@ const (
 	TokenService_RenewLease_FullMethodName       = "/tokenserver.v1.TokenService/RenewLease"
 	TokenService_GetClusterView_FullMethodName   = "/tokenserver.v1.TokenService/GetClusterView"
 	TokenService_WatchClusterView_FullMethodName = "/tokenserver.v1.TokenService/WatchClusterView"
+	TokenService_CommitToken_FullMethodName      = "/tokenserver.v1.TokenService/CommitToken"
 )
 
 // TokenServiceClient is the client API for TokenService service.
@@ -50,6 +51,22 @@ const (
 //
 // TokenService is the data plane. Every node answers it; a node that does not
 // own a key forwards the call to the owner.
+//
+// Request metadata (the Go constants are in wire.go beside the generated
+// code):
+//   - `x-tokenserver-avoid`: member ids, comma-separated, that the caller
+//     could not reach. A key whose owner is among them is served by its next
+//     owner in rendezvous order among the members not named. The client SDK
+//     sets it while a node's circuit breaker is open, and for a few seconds
+//     after members left its view.
+//   - `x-tokenserver-forwarded`: set by a node that forwards a call to the
+//     key's owner; such a call is served where it lands and never forwarded
+//     again. It counts only from a peer's certificate.
+//
+// A node that cannot decide yet (no routing view, or its Raft log not
+// replayed) answers UNAVAILABLE with a google.rpc.ErrorInfo of domain
+// `tokenserver.v1` and reason `NOT_READY`: it was reached and decided
+// nothing, so the call may be retried at once, there or on another member.
 type TokenServiceClient interface {
 	// AcquireToken asks for `permits` tokens of `key` under `rule`.
 	AcquireToken(ctx context.Context, in *AcquireTokenRequest, opts ...grpc.CallOption) (*AcquireTokenResponse, error)
@@ -66,6 +83,10 @@ type TokenServiceClient interface {
 	GetClusterView(ctx context.Context, in *GetClusterViewRequest, opts ...grpc.CallOption) (*ClusterView, error)
 	// WatchClusterView sends the current view, then every change to it.
 	WatchClusterView(ctx context.Context, in *GetClusterViewRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ClusterView], error)
+	// Settles a reservation (an acquire whose cost is known only after the
+	// work): `used` below the grant gives the difference back, above it debits
+	// the extra into debt. Idempotent by grant id.
+	CommitToken(ctx context.Context, in *CommitTokenRequest, opts ...grpc.CallOption) (*CommitTokenResponse, error)
 }
 
 type tokenServiceClient struct {
@@ -145,12 +166,38 @@ func (c *tokenServiceClient) WatchClusterView(ctx context.Context, in *GetCluste
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TokenService_WatchClusterViewClient = grpc.ServerStreamingClient[ClusterView]
 
+func (c *tokenServiceClient) CommitToken(ctx context.Context, in *CommitTokenRequest, opts ...grpc.CallOption) (*CommitTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitTokenResponse)
+	err := c.cc.Invoke(ctx, TokenService_CommitToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TokenServiceServer is the server API for TokenService service.
 // All implementations must embed UnimplementedTokenServiceServer
 // for forward compatibility.
 //
 // TokenService is the data plane. Every node answers it; a node that does not
 // own a key forwards the call to the owner.
+//
+// Request metadata (the Go constants are in wire.go beside the generated
+// code):
+//   - `x-tokenserver-avoid`: member ids, comma-separated, that the caller
+//     could not reach. A key whose owner is among them is served by its next
+//     owner in rendezvous order among the members not named. The client SDK
+//     sets it while a node's circuit breaker is open, and for a few seconds
+//     after members left its view.
+//   - `x-tokenserver-forwarded`: set by a node that forwards a call to the
+//     key's owner; such a call is served where it lands and never forwarded
+//     again. It counts only from a peer's certificate.
+//
+// A node that cannot decide yet (no routing view, or its Raft log not
+// replayed) answers UNAVAILABLE with a google.rpc.ErrorInfo of domain
+// `tokenserver.v1` and reason `NOT_READY`: it was reached and decided
+// nothing, so the call may be retried at once, there or on another member.
 type TokenServiceServer interface {
 	// AcquireToken asks for `permits` tokens of `key` under `rule`.
 	AcquireToken(context.Context, *AcquireTokenRequest) (*AcquireTokenResponse, error)
@@ -167,6 +214,10 @@ type TokenServiceServer interface {
 	GetClusterView(context.Context, *GetClusterViewRequest) (*ClusterView, error)
 	// WatchClusterView sends the current view, then every change to it.
 	WatchClusterView(*GetClusterViewRequest, grpc.ServerStreamingServer[ClusterView]) error
+	// Settles a reservation (an acquire whose cost is known only after the
+	// work): `used` below the grant gives the difference back, above it debits
+	// the extra into debt. Idempotent by grant id.
+	CommitToken(context.Context, *CommitTokenRequest) (*CommitTokenResponse, error)
 	mustEmbedUnimplementedTokenServiceServer()
 }
 
@@ -194,6 +245,9 @@ func (UnimplementedTokenServiceServer) GetClusterView(context.Context, *GetClust
 }
 func (UnimplementedTokenServiceServer) WatchClusterView(*GetClusterViewRequest, grpc.ServerStreamingServer[ClusterView]) error {
 	return status.Error(codes.Unimplemented, "method WatchClusterView not implemented")
+}
+func (UnimplementedTokenServiceServer) CommitToken(context.Context, *CommitTokenRequest) (*CommitTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommitToken not implemented")
 }
 func (UnimplementedTokenServiceServer) mustEmbedUnimplementedTokenServiceServer() {}
 func (UnimplementedTokenServiceServer) testEmbeddedByValue()                      {}
@@ -317,6 +371,24 @@ func _TokenService_WatchClusterView_Handler(srv interface{}, stream grpc.ServerS
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TokenService_WatchClusterViewServer = grpc.ServerStreamingServer[ClusterView]
 
+func _TokenService_CommitToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TokenServiceServer).CommitToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TokenService_CommitToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TokenServiceServer).CommitToken(ctx, req.(*CommitTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TokenService_ServiceDesc is the grpc.ServiceDesc for TokenService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -344,6 +416,10 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetClusterView",
 			Handler:    _TokenService_GetClusterView_Handler,
 		},
+		{
+			MethodName: "CommitToken",
+			Handler:    _TokenService_CommitToken_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -356,17 +432,29 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_PutRule_FullMethodName         = "/tokenserver.v1.AdminService/PutRule"
-	AdminService_GetRule_FullMethodName         = "/tokenserver.v1.AdminService/GetRule"
-	AdminService_ListRules_FullMethodName       = "/tokenserver.v1.AdminService/ListRules"
-	AdminService_DeleteRule_FullMethodName      = "/tokenserver.v1.AdminService/DeleteRule"
-	AdminService_ClusterStatus_FullMethodName   = "/tokenserver.v1.AdminService/ClusterStatus"
-	AdminService_NodeStatus_FullMethodName      = "/tokenserver.v1.AdminService/NodeStatus"
-	AdminService_JoinCluster_FullMethodName     = "/tokenserver.v1.AdminService/JoinCluster"
-	AdminService_RemoveMember_FullMethodName    = "/tokenserver.v1.AdminService/RemoveMember"
-	AdminService_DrainMember_FullMethodName     = "/tokenserver.v1.AdminService/DrainMember"
-	AdminService_SnapshotSave_FullMethodName    = "/tokenserver.v1.AdminService/SnapshotSave"
-	AdminService_SnapshotRestore_FullMethodName = "/tokenserver.v1.AdminService/SnapshotRestore"
+	AdminService_PutRule_FullMethodName           = "/tokenserver.v1.AdminService/PutRule"
+	AdminService_GetRule_FullMethodName           = "/tokenserver.v1.AdminService/GetRule"
+	AdminService_ListRules_FullMethodName         = "/tokenserver.v1.AdminService/ListRules"
+	AdminService_DeleteRule_FullMethodName        = "/tokenserver.v1.AdminService/DeleteRule"
+	AdminService_ClusterStatus_FullMethodName     = "/tokenserver.v1.AdminService/ClusterStatus"
+	AdminService_NodeStatus_FullMethodName        = "/tokenserver.v1.AdminService/NodeStatus"
+	AdminService_JoinCluster_FullMethodName       = "/tokenserver.v1.AdminService/JoinCluster"
+	AdminService_RemoveMember_FullMethodName      = "/tokenserver.v1.AdminService/RemoveMember"
+	AdminService_DrainMember_FullMethodName       = "/tokenserver.v1.AdminService/DrainMember"
+	AdminService_SnapshotSave_FullMethodName      = "/tokenserver.v1.AdminService/SnapshotSave"
+	AdminService_SnapshotRestore_FullMethodName   = "/tokenserver.v1.AdminService/SnapshotRestore"
+	AdminService_PutOverride_FullMethodName       = "/tokenserver.v1.AdminService/PutOverride"
+	AdminService_DeleteOverride_FullMethodName    = "/tokenserver.v1.AdminService/DeleteOverride"
+	AdminService_ListOverrides_FullMethodName     = "/tokenserver.v1.AdminService/ListOverrides"
+	AdminService_TopKeys_FullMethodName           = "/tokenserver.v1.AdminService/TopKeys"
+	AdminService_RuleSeries_FullMethodName        = "/tokenserver.v1.AdminService/RuleSeries"
+	AdminService_RuleHistory_FullMethodName       = "/tokenserver.v1.AdminService/RuleHistory"
+	AdminService_RollbackRule_FullMethodName      = "/tokenserver.v1.AdminService/RollbackRule"
+	AdminService_DiffRules_FullMethodName         = "/tokenserver.v1.AdminService/DiffRules"
+	AdminService_PutEnvoyDomain_FullMethodName    = "/tokenserver.v1.AdminService/PutEnvoyDomain"
+	AdminService_GetEnvoyDomain_FullMethodName    = "/tokenserver.v1.AdminService/GetEnvoyDomain"
+	AdminService_ListEnvoyDomains_FullMethodName  = "/tokenserver.v1.AdminService/ListEnvoyDomains"
+	AdminService_DeleteEnvoyDomain_FullMethodName = "/tokenserver.v1.AdminService/DeleteEnvoyDomain"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -376,6 +464,11 @@ const (
 // AdminService is the control plane: rules and membership. Writes go to the
 // Raft leader; a follower forwards them. Reads are current (through the
 // leader) unless `local` asks for the answering node's own copy.
+//
+// Request metadata: `x-tokenserver-principal`, set by a node that forwards a
+// write (a follower to the leader), names the caller it forwards for, so the
+// leader logs and records the write's real author. It counts only from a
+// peer's certificate.
 type AdminServiceClient interface {
 	// PutRule creates or replaces a rule. With `expected_version` set it is a
 	// compare-and-set: FAILED_PRECONDITION unless the stored version matches
@@ -414,6 +507,27 @@ type AdminServiceClient interface {
 	// (from SnapshotSave, of this or another cluster), as one replicated
 	// change; membership is kept. Restored rules start fresh buckets.
 	SnapshotRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
+	// Runtime overrides: a key (exact, or a prefix ending in one `*`) of a
+	// rule gets its own limit, each override its own Raft entry.
+	PutOverride(ctx context.Context, in *PutOverrideRequest, opts ...grpc.CallOption) (*PutOverrideResponse, error)
+	DeleteOverride(ctx context.Context, in *DeleteOverrideRequest, opts ...grpc.CallOption) (*DeleteOverrideResponse, error)
+	ListOverrides(ctx context.Context, in *ListOverridesRequest, opts ...grpc.CallOption) (*ListOverridesResponse, error)
+	// The heaviest keys of a rule, merged over every node's sketch.
+	TopKeys(ctx context.Context, in *TopKeysRequest, opts ...grpc.CallOption) (*TopKeysResponse, error)
+	// A rule's decisions per second over the last hour, merged over nodes.
+	RuleSeries(ctx context.Context, in *RuleSeriesRequest, opts ...grpc.CallOption) (*RuleSeriesResponse, error)
+	// The last versions of a rule, with who changed it and when.
+	RuleHistory(ctx context.Context, in *RuleHistoryRequest, opts ...grpc.CallOption) (*RuleHistoryResponse, error)
+	// Writes a new version equal to an old one.
+	RollbackRule(ctx context.Context, in *RollbackRuleRequest, opts ...grpc.CallOption) (*PutRuleResponse, error)
+	// What PutRule of these rules would change; changes nothing.
+	DiffRules(ctx context.Context, in *DiffRulesRequest, opts ...grpc.CallOption) (*DiffRulesResponse, error)
+	// Envoy rate-limit configuration (envoyproxy/ratelimit's YAML), one
+	// domain at a time, replicated like rules.
+	PutEnvoyDomain(ctx context.Context, in *PutEnvoyDomainRequest, opts ...grpc.CallOption) (*PutEnvoyDomainResponse, error)
+	GetEnvoyDomain(ctx context.Context, in *GetEnvoyDomainRequest, opts ...grpc.CallOption) (*EnvoyDomain, error)
+	ListEnvoyDomains(ctx context.Context, in *ListEnvoyDomainsRequest, opts ...grpc.CallOption) (*ListEnvoyDomainsResponse, error)
+	DeleteEnvoyDomain(ctx context.Context, in *DeleteEnvoyDomainRequest, opts ...grpc.CallOption) (*DeleteEnvoyDomainResponse, error)
 }
 
 type adminServiceClient struct {
@@ -546,6 +660,126 @@ func (c *adminServiceClient) SnapshotRestore(ctx context.Context, opts ...grpc.C
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AdminService_SnapshotRestoreClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse]
 
+func (c *adminServiceClient) PutOverride(ctx context.Context, in *PutOverrideRequest, opts ...grpc.CallOption) (*PutOverrideResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutOverrideResponse)
+	err := c.cc.Invoke(ctx, AdminService_PutOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteOverride(ctx context.Context, in *DeleteOverrideRequest, opts ...grpc.CallOption) (*DeleteOverrideResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteOverrideResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListOverrides(ctx context.Context, in *ListOverridesRequest, opts ...grpc.CallOption) (*ListOverridesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOverridesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListOverrides_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) TopKeys(ctx context.Context, in *TopKeysRequest, opts ...grpc.CallOption) (*TopKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopKeysResponse)
+	err := c.cc.Invoke(ctx, AdminService_TopKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RuleSeries(ctx context.Context, in *RuleSeriesRequest, opts ...grpc.CallOption) (*RuleSeriesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RuleSeriesResponse)
+	err := c.cc.Invoke(ctx, AdminService_RuleSeries_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RuleHistory(ctx context.Context, in *RuleHistoryRequest, opts ...grpc.CallOption) (*RuleHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RuleHistoryResponse)
+	err := c.cc.Invoke(ctx, AdminService_RuleHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RollbackRule(ctx context.Context, in *RollbackRuleRequest, opts ...grpc.CallOption) (*PutRuleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutRuleResponse)
+	err := c.cc.Invoke(ctx, AdminService_RollbackRule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DiffRules(ctx context.Context, in *DiffRulesRequest, opts ...grpc.CallOption) (*DiffRulesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DiffRulesResponse)
+	err := c.cc.Invoke(ctx, AdminService_DiffRules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PutEnvoyDomain(ctx context.Context, in *PutEnvoyDomainRequest, opts ...grpc.CallOption) (*PutEnvoyDomainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutEnvoyDomainResponse)
+	err := c.cc.Invoke(ctx, AdminService_PutEnvoyDomain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetEnvoyDomain(ctx context.Context, in *GetEnvoyDomainRequest, opts ...grpc.CallOption) (*EnvoyDomain, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnvoyDomain)
+	err := c.cc.Invoke(ctx, AdminService_GetEnvoyDomain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListEnvoyDomains(ctx context.Context, in *ListEnvoyDomainsRequest, opts ...grpc.CallOption) (*ListEnvoyDomainsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEnvoyDomainsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListEnvoyDomains_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteEnvoyDomain(ctx context.Context, in *DeleteEnvoyDomainRequest, opts ...grpc.CallOption) (*DeleteEnvoyDomainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteEnvoyDomainResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteEnvoyDomain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -553,6 +787,11 @@ type AdminService_SnapshotRestoreClient = grpc.ClientStreamingClient[SnapshotChu
 // AdminService is the control plane: rules and membership. Writes go to the
 // Raft leader; a follower forwards them. Reads are current (through the
 // leader) unless `local` asks for the answering node's own copy.
+//
+// Request metadata: `x-tokenserver-principal`, set by a node that forwards a
+// write (a follower to the leader), names the caller it forwards for, so the
+// leader logs and records the write's real author. It counts only from a
+// peer's certificate.
 type AdminServiceServer interface {
 	// PutRule creates or replaces a rule. With `expected_version` set it is a
 	// compare-and-set: FAILED_PRECONDITION unless the stored version matches
@@ -591,6 +830,27 @@ type AdminServiceServer interface {
 	// (from SnapshotSave, of this or another cluster), as one replicated
 	// change; membership is kept. Restored rules start fresh buckets.
 	SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
+	// Runtime overrides: a key (exact, or a prefix ending in one `*`) of a
+	// rule gets its own limit, each override its own Raft entry.
+	PutOverride(context.Context, *PutOverrideRequest) (*PutOverrideResponse, error)
+	DeleteOverride(context.Context, *DeleteOverrideRequest) (*DeleteOverrideResponse, error)
+	ListOverrides(context.Context, *ListOverridesRequest) (*ListOverridesResponse, error)
+	// The heaviest keys of a rule, merged over every node's sketch.
+	TopKeys(context.Context, *TopKeysRequest) (*TopKeysResponse, error)
+	// A rule's decisions per second over the last hour, merged over nodes.
+	RuleSeries(context.Context, *RuleSeriesRequest) (*RuleSeriesResponse, error)
+	// The last versions of a rule, with who changed it and when.
+	RuleHistory(context.Context, *RuleHistoryRequest) (*RuleHistoryResponse, error)
+	// Writes a new version equal to an old one.
+	RollbackRule(context.Context, *RollbackRuleRequest) (*PutRuleResponse, error)
+	// What PutRule of these rules would change; changes nothing.
+	DiffRules(context.Context, *DiffRulesRequest) (*DiffRulesResponse, error)
+	// Envoy rate-limit configuration (envoyproxy/ratelimit's YAML), one
+	// domain at a time, replicated like rules.
+	PutEnvoyDomain(context.Context, *PutEnvoyDomainRequest) (*PutEnvoyDomainResponse, error)
+	GetEnvoyDomain(context.Context, *GetEnvoyDomainRequest) (*EnvoyDomain, error)
+	ListEnvoyDomains(context.Context, *ListEnvoyDomainsRequest) (*ListEnvoyDomainsResponse, error)
+	DeleteEnvoyDomain(context.Context, *DeleteEnvoyDomainRequest) (*DeleteEnvoyDomainResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -633,6 +893,42 @@ func (UnimplementedAdminServiceServer) SnapshotSave(*SnapshotSaveRequest, grpc.S
 }
 func (UnimplementedAdminServiceServer) SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error {
 	return status.Error(codes.Unimplemented, "method SnapshotRestore not implemented")
+}
+func (UnimplementedAdminServiceServer) PutOverride(context.Context, *PutOverrideRequest) (*PutOverrideResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutOverride not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteOverride(context.Context, *DeleteOverrideRequest) (*DeleteOverrideResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteOverride not implemented")
+}
+func (UnimplementedAdminServiceServer) ListOverrides(context.Context, *ListOverridesRequest) (*ListOverridesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOverrides not implemented")
+}
+func (UnimplementedAdminServiceServer) TopKeys(context.Context, *TopKeysRequest) (*TopKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TopKeys not implemented")
+}
+func (UnimplementedAdminServiceServer) RuleSeries(context.Context, *RuleSeriesRequest) (*RuleSeriesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RuleSeries not implemented")
+}
+func (UnimplementedAdminServiceServer) RuleHistory(context.Context, *RuleHistoryRequest) (*RuleHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RuleHistory not implemented")
+}
+func (UnimplementedAdminServiceServer) RollbackRule(context.Context, *RollbackRuleRequest) (*PutRuleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackRule not implemented")
+}
+func (UnimplementedAdminServiceServer) DiffRules(context.Context, *DiffRulesRequest) (*DiffRulesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DiffRules not implemented")
+}
+func (UnimplementedAdminServiceServer) PutEnvoyDomain(context.Context, *PutEnvoyDomainRequest) (*PutEnvoyDomainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutEnvoyDomain not implemented")
+}
+func (UnimplementedAdminServiceServer) GetEnvoyDomain(context.Context, *GetEnvoyDomainRequest) (*EnvoyDomain, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetEnvoyDomain not implemented")
+}
+func (UnimplementedAdminServiceServer) ListEnvoyDomains(context.Context, *ListEnvoyDomainsRequest) (*ListEnvoyDomainsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEnvoyDomains not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteEnvoyDomain(context.Context, *DeleteEnvoyDomainRequest) (*DeleteEnvoyDomainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteEnvoyDomain not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -835,6 +1131,222 @@ func _AdminService_SnapshotRestore_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AdminService_SnapshotRestoreServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]
 
+func _AdminService_PutOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PutOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PutOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PutOverride(ctx, req.(*PutOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteOverride(ctx, req.(*DeleteOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListOverrides_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOverridesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListOverrides(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListOverrides_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListOverrides(ctx, req.(*ListOverridesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_TopKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TopKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).TopKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_TopKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).TopKeys(ctx, req.(*TopKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RuleSeries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RuleSeriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RuleSeries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RuleSeries_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RuleSeries(ctx, req.(*RuleSeriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RuleHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RuleHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RuleHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RuleHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RuleHistory(ctx, req.(*RuleHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RollbackRule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackRuleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RollbackRule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RollbackRule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RollbackRule(ctx, req.(*RollbackRuleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DiffRules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DiffRulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DiffRules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DiffRules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DiffRules(ctx, req.(*DiffRulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PutEnvoyDomain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutEnvoyDomainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PutEnvoyDomain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PutEnvoyDomain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PutEnvoyDomain(ctx, req.(*PutEnvoyDomainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetEnvoyDomain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetEnvoyDomainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetEnvoyDomain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetEnvoyDomain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetEnvoyDomain(ctx, req.(*GetEnvoyDomainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListEnvoyDomains_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEnvoyDomainsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListEnvoyDomains(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListEnvoyDomains_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListEnvoyDomains(ctx, req.(*ListEnvoyDomainsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteEnvoyDomain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteEnvoyDomainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteEnvoyDomain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteEnvoyDomain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteEnvoyDomain(ctx, req.(*DeleteEnvoyDomainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -877,6 +1389,54 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DrainMember",
 			Handler:    _AdminService_DrainMember_Handler,
+		},
+		{
+			MethodName: "PutOverride",
+			Handler:    _AdminService_PutOverride_Handler,
+		},
+		{
+			MethodName: "DeleteOverride",
+			Handler:    _AdminService_DeleteOverride_Handler,
+		},
+		{
+			MethodName: "ListOverrides",
+			Handler:    _AdminService_ListOverrides_Handler,
+		},
+		{
+			MethodName: "TopKeys",
+			Handler:    _AdminService_TopKeys_Handler,
+		},
+		{
+			MethodName: "RuleSeries",
+			Handler:    _AdminService_RuleSeries_Handler,
+		},
+		{
+			MethodName: "RuleHistory",
+			Handler:    _AdminService_RuleHistory_Handler,
+		},
+		{
+			MethodName: "RollbackRule",
+			Handler:    _AdminService_RollbackRule_Handler,
+		},
+		{
+			MethodName: "DiffRules",
+			Handler:    _AdminService_DiffRules_Handler,
+		},
+		{
+			MethodName: "PutEnvoyDomain",
+			Handler:    _AdminService_PutEnvoyDomain_Handler,
+		},
+		{
+			MethodName: "GetEnvoyDomain",
+			Handler:    _AdminService_GetEnvoyDomain_Handler,
+		},
+		{
+			MethodName: "ListEnvoyDomains",
+			Handler:    _AdminService_ListEnvoyDomains_Handler,
+		},
+		{
+			MethodName: "DeleteEnvoyDomain",
+			Handler:    _AdminService_DeleteEnvoyDomain_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

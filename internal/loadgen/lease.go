@@ -1,8 +1,7 @@
-package main
+package loadgen
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -10,39 +9,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenserver/tokenserver/client"
-	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
-// leaseBench drives the client SDK with leases on: each call is one
+// leaseRun drives the client SDK with leases on: each call is one
 // Limiter.AllowN, served from a local lease when the key is hot. RPCs are
 // counted by the SDK's own metrics.
-type leaseBench struct {
-	c                             *client.Client
+type leaseRun struct {
 	lim                           *client.Limiter
-	reg                           *prometheus.Registry
 	fromLease, fromServer, fromFB atomic.Int64
 }
 
-func (a *app) newLeaseBench(ctx context.Context, o benchOpts, rule *pb.Rule) (*leaseBench, error) {
-	if rule.GetLease().GetMaxBatch() == 0 {
-		return nil, usagef("rule %q allows no leases (set --lease-max and --lease-ttl on the rule)", o.rule)
-	}
-	lb := &leaseBench{reg: prometheus.NewRegistry()}
-	sec, err := a.sec.clientOptions()
-	if err != nil {
-		return nil, err
-	}
-	c, err := client.New(ctx, []string{a.server}, append(sec, client.WithMetrics(lb.reg), client.WithCallTimeout(time.Second))...)
-	if err != nil {
-		return nil, fmt.Errorf("bench: client: %w", err)
-	}
-	lb.c = c
-	lb.lim = c.Limiter(o.rule, client.WithLease(o.leaseMax, o.leaseTTL))
-	return lb, nil
-}
-
-// run is benchWorker.run for lease mode.
-func (lb *leaseBench) run(w *benchWorker, ctx context.Context, o benchOpts, keys []string, seed uint64, stop *atomic.Bool) {
+// run is worker.run for lease mode.
+func (lb *leaseRun) run(w *worker, ctx context.Context, o Options, keys []string, seed uint64, stop *atomic.Bool) {
 	rng := rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))
 	var fromLease, fromServer, fromFB int64
 	defer func() {
@@ -53,7 +31,7 @@ func (lb *leaseBench) run(w *benchWorker, ctx context.Context, o benchOpts, keys
 	for !stop.Load() {
 		key := keys[rng.IntN(len(keys))]
 		t0 := time.Now()
-		d, err := lb.lim.AllowN(ctx, key, o.permits)
+		d, err := lb.lim.AllowN(ctx, key, o.Permits)
 		lat := time.Since(t0)
 		if err != nil && ctx.Err() != nil {
 			return
@@ -84,8 +62,12 @@ func (lb *leaseBench) run(w *benchWorker, ctx context.Context, o benchOpts, keys
 }
 
 // report puts the SDK's RPC count and decision sources into the summary.
-func (lb *leaseBench) report(res *benchResult, elapsed time.Duration) {
-	mfs, _ := lb.reg.Gather()
+func (lb *leaseRun) report(res *Result, metrics prometheus.Gatherer, elapsed time.Duration) {
+	res.FromLease, res.FromServer, res.FromFallback = lb.fromLease.Load(), lb.fromServer.Load(), lb.fromFB.Load()
+	if metrics == nil {
+		return
+	}
+	mfs, _ := metrics.Gather()
 	var rpcs float64
 	for _, mf := range mfs {
 		if mf.GetName() != "tokenserver_client_rpcs_total" {
@@ -100,7 +82,4 @@ func (lb *leaseBench) report(res *benchResult, elapsed time.Duration) {
 		}
 	}
 	res.RPCsPerSec = round(rpcs/elapsed.Seconds(), 1)
-	res.FromLease, res.FromServer, res.FromFallback = lb.fromLease.Load(), lb.fromServer.Load(), lb.fromFB.Load()
 }
-
-func (lb *leaseBench) close() { lb.c.Close() }

@@ -1,0 +1,215 @@
+package shard
+
+import (
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/grant"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// Reason says why a decision came out as it did; numbers match
+// tokenserver.v1.Reason.
+type Reason uint8
+
+// The reasons.
+const (
+	_ Reason = iota
+	// ReasonLimit: the algorithm decided.
+	ReasonLimit
+	// ReasonPenalty: the key is locked out by the rule's penalty.
+	ReasonPenalty
+	// ReasonDenyList: the key is on the deny list.
+	ReasonDenyList
+	// ReasonAllowList: the key is on the allow list.
+	ReasonAllowList
+)
+
+// Grant is the grant of a Decision (see package grant), named here so
+// that callers of the Map need not import that package.
+type Grant = grant.Grant
+
+// GrantIDLen is the length of an encoded grant id.
+const GrantIDLen = grant.IDLen
+
+// Decision is the answer to an acquire.
+type Decision struct {
+	bucket.Result
+	// Grant names what was granted; zero when nothing was taken from a bucket
+	// (denied, peek, allow list, shadow).
+	Grant Grant
+	// Reason says why.
+	Reason Reason
+	// ShadowDenied is set in a shadow rule when the real decision was a
+	// denial (Allowed is then true).
+	ShadowDenied bool
+	// Rule is the rule version that decided: the caller's, or a newer one
+	// the key's bucket had already moved to.
+	Rule *rule.Compiled
+}
+
+// CheckRequest reports whether req is acceptable for cfg: permits >= 0, at
+// most the capacity unless partial, partial only where the algorithm offers
+// it, max_wait within [0, period].
+func CheckRequest(cfg *bucket.Config, req bucket.Request) error {
+	switch {
+	case req.Permits < 0:
+		return rule.Invalid("permits must be >= 0, got %d", req.Permits)
+	case req.Partial && !bucket.OffersPartial(cfg.Algorithm):
+		return rule.Invalid("partial: %s grants all or nothing; partial grants are offered by token-bucket, fixed-window and sliding-window", cfg.Algorithm)
+	case req.Permits > cfg.Capacity() && !req.Partial:
+		return rule.Invalid("permits %d is above the key's capacity %d and could never be granted; ask for at most %d or set partial", req.Permits, cfg.Capacity(), cfg.Capacity())
+	case req.MaxWait < 0:
+		return rule.Invalid("max_wait must be >= 0, got %dns", req.MaxWait)
+	case req.MaxWait > cfg.Period:
+		return rule.Invalid("max_wait %dns is above the rule's period %dns", req.MaxWait, cfg.Period)
+	}
+	return nil
+}
+
+// Acquire decides req for key under rule c at time now. A denial is a
+// Decision with Allowed false, not an error; errors are rule.ErrInvalid for a
+// bad request, ErrBucketCap and ErrMaxKeys for a new key past a cap.
+func (m *Map) Acquire(c *rule.Compiled, key string, req bucket.Request, now int64) (Decision, error) {
+	return m.acquire(c, key, req, false, now)
+}
+
+// Lease policy: under LeaseLowShare of capacity, a lease gets at most
+// 1/LeaseTailDivisor of what remains.
+const (
+	LeaseLowShare    = 10 // percent
+	LeaseTailDivisor = 2
+)
+
+// AcquireLease is a client lease of up to want permits: a partial grant
+// capped at the rule's lease.max_batch and, once the key is under
+// LeaseLowShare percent of its capacity, at 1/LeaseTailDivisor of what
+// remains (at least one), so that clients share the tail (the limited
+// grants near exhaustion of quota pre-allocation). Rules without leases
+// refuse it with rule.ErrInvalid.
+func (m *Map) AcquireLease(c *rule.Compiled, key string, want int64, now int64) (Decision, error) {
+	if c.Rule.Lease.MaxBatch <= 0 {
+		return Decision{}, rule.Invalid("rule %q does not allow leases (lease.max_batch is not set)", c.Rule.Name)
+	}
+	if want < 1 {
+		return Decision{}, rule.Invalid("a lease wants permits >= 1, got %d", want)
+	}
+	return m.acquire(c, key, bucket.Request{Permits: want, Partial: true}, true, now)
+}
+
+// acquire finds the rule version and the bucket that judge req, and has
+// decide judge it under the bucket's lock.
+func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bool, now int64) (Decision, error) {
+	c, err := current(c)
+	if err != nil {
+		return Decision{}, err
+	}
+	cfg := c.ConfigFor(key)
+	if err := CheckRequest(cfg, req); err != nil {
+		return Decision{}, err
+	}
+	if c.Allowed(key) {
+		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
+	}
+	if c.Denied(key) {
+		d := Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList, Rule: c}
+		shadow(c, &d, req)
+		return d, nil
+	}
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], c.Rule.Name, key)
+	sh, h := m.shardOf(bk)
+	var e *entry
+	if req.Permits == 0 { // a peek creates nothing
+		if e = m.lookup(sh, h, bk); e == nil {
+			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit, Rule: c}, nil
+		}
+	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+		return Decision{}, err
+	}
+	// Look again under the bucket's lock: a sweep drops a bucket of a gone
+	// rule only after the rule learnt its successor, so this sees it.
+	if l, err := current(c); err != nil {
+		e.mu.Unlock()
+		return Decision{}, err
+	} else if l != c {
+		c, cfg = l, l.ConfigFor(key)
+		if err := CheckRequest(cfg, req); err != nil {
+			e.mu.Unlock()
+			return Decision{}, err
+		}
+	}
+	if e.rule != c {
+		j, err := m.resolve(e, c, key, now)
+		if err == nil && j != c {
+			// The bucket is at a newer version than the caller's: it is
+			// judged by that one (a bucket never moves back).
+			c, cfg = j, j.ConfigFor(key)
+			err = CheckRequest(cfg, req)
+		}
+		if err != nil {
+			e.mu.Unlock()
+			return Decision{}, err
+		}
+	}
+	d, err := m.decide(e, c, cfg, req, lease, now)
+	e.mu.Unlock()
+	if err != nil {
+		return Decision{}, err
+	}
+	if d.Grant.Nonce != 0 {
+		m.keys.Seal(&d.Grant, bk, c.Rule.Generation)
+	}
+	d.Rule = c
+	shadow(c, &d, req)
+	return d, nil
+}
+
+// decide judges req on e's bucket under rule version c (e's own) and cfg
+// (c's config for the key): the penalty lock-out, the lease share, the
+// algorithm, and the growth of a log or lease set against the budget. A
+// grant comes back in d.Grant, not yet sealed. It is the one place a
+// bucket's state changes on a decision, so per-key bookkeeping belongs
+// here. e.mu is held.
+func (m *Map) decide(e *entry, c *rule.Compiled, cfg *bucket.Config, req bucket.Request, lease bool, now int64) (d Decision, err error) {
+	if now < e.penaltyUntil {
+		d.Result, d.Reason = e.b.Acquire(cfg, now, bucket.Request{}), ReasonPenalty
+		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now
+		return d, nil
+	}
+	if lease {
+		left := e.b.Acquire(cfg, now, bucket.Request{}).Remaining
+		want := min(req.Permits, c.Rule.Lease.MaxBatch)
+		if left*100 < cfg.Capacity()*LeaseLowShare {
+			want = min(want, max(1, left/LeaseTailDivisor))
+		}
+		req.Permits = want
+	}
+	e.seq++
+	nonce := e.seq
+	req.LeaseID = nonce
+	var before int64
+	if bucket.Grows(cfg.Algorithm) {
+		if m.budget > 0 && req.Permits > 0 && bucket.Full(e.b) && m.used.Load() >= m.budget {
+			return Decision{}, m.errGrow(c)
+		}
+		before = bucket.Bytes(e.b)
+	}
+	d.Result, d.Reason = e.b.Acquire(cfg, now, req), ReasonLimit
+	if before != 0 {
+		m.charge(c, bucket.Bytes(e.b)-before)
+	}
+	if !d.Allowed && req.Permits > 0 && c.Rule.Penalty > 0 {
+		e.penaltyUntil = addSat(now, int64(c.Rule.Penalty))
+		d.RetryAfter = max(d.RetryAfter, int64(c.Rule.Penalty))
+	}
+	if d.Granted > 0 {
+		d.Grant = Grant{Nonce: nonce, IssuedAt: now, Permits: d.Granted}
+	}
+	return d, nil
+}
+
+// shadow turns a denial into an allow in a shadow rule.
+func shadow(c *rule.Compiled, d *Decision, req bucket.Request) {
+	if c.Rule.Shadow && !d.Allowed {
+		d.Allowed, d.ShadowDenied, d.Granted, d.RetryAfter = true, true, req.Permits, 0
+	}
+}

@@ -1,0 +1,74 @@
+package shard
+
+import (
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// resolve brings e to the newer of its own rule version and c, and returns
+// the version e is now judged by: a bucket never moves back to an older
+// version or generation, so requests still holding an older table are
+// judged by the newer rule. e.mu is held.
+func (m *Map) resolve(e *entry, c *rule.Compiled, key string, now int64) (*rule.Compiled, error) {
+	if e.rule == c || c.Rule.Version <= e.rule.Rule.Version {
+		return e.rule, nil
+	}
+	if err := m.update(e, c, key, now); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// update moves e to rule version c (newer than e's): the same generation
+// and algorithm keep the state, clamped to the new capacity; otherwise the
+// bucket starts fresh and, in another generation, counts as a new key of
+// c against its max_keys (ErrMaxKeys leaves e as it was). e.mu is held.
+func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
+	old := e.rule
+	newCfg := c.ConfigFor(key)
+	sameGen := old.Rule.Generation == c.Rule.Generation
+	before := e.bytes()
+	if sameGen && old.Rule.Algorithm == c.Rule.Algorithm {
+		oldCfg := old.ConfigFor(key)
+		e.b.Reconfigure(oldCfg, newCfg, now)
+		if e.refilled != nil && validity(newCfg) > validity(oldCfg) {
+			// Records of grants given back may be pruned by the shorter
+			// validity: refuse grants made before now.
+			e.refilled.floor = now
+		}
+	} else {
+		if !sameGen {
+			if err := m.moveKey(old, c); err != nil {
+				return err
+			}
+		}
+		e.b = bucket.New(newCfg, now)
+		e.penaltyUntil = 0
+		e.refilled = nil
+	}
+	if c.Rule.Penalty == 0 {
+		e.penaltyUntil = 0
+	}
+	e.rule = c
+	if sameGen {
+		m.charge(c, e.bytes()-before)
+	} else {
+		m.charge(old, -before)
+		m.charge(c, e.bytes())
+	}
+	return nil
+}
+
+// moveKey counts a bucket of generation old as one of c's (another
+// generation), against c's max_keys.
+func (m *Map) moveKey(old, c *rule.Compiled) error {
+	a := m.accounts.pin(c)
+	err := m.countKey(a, c)
+	m.accounts.unpin()
+	if err != nil {
+		return err
+	}
+	m.accounts.pin(old).keys.Add(-1)
+	m.accounts.unpin()
+	return nil
+}
