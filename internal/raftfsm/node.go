@@ -37,6 +37,10 @@ type Config struct {
 	DataDir string
 	// RaftBind is the Raft listen address.
 	RaftBind string
+	// RaftListener, when set, is the Raft listener, bound by the caller
+	// (RaftBind is then unused): tests bind 127.0.0.1:0 and keep the
+	// listener, so no other process takes the port in between.
+	RaftListener net.Listener
 	// AdvertiseRaft is the Raft address others dial (default: RaftBind's).
 	AdvertiseRaft string
 	// AdvertiseGRPC is this node's gRPC address, recorded in the FSM so that
@@ -178,7 +182,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
 	case c.DataDir == "":
 		return errors.New("data dir is empty")
-	case c.RaftBind == "":
+	case c.RaftBind == "" && c.RaftListener == nil:
 		return errors.New("raft address is empty")
 	case c.AdvertiseGRPC == "":
 		return errors.New("advertised grpc address is empty")
@@ -296,7 +300,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("read raft state: %w", err)
 	}
 	n.state.Store(has)
-	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
+	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Listener: cfg.RaftListener, Logger: log, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
 		ServerTLS: cfg.PeerServerTLS, ClientTLS: cfg.PeerClientTLS}); err != nil {
 		return nil, err
 	}
