@@ -109,6 +109,12 @@ type Config struct {
 	// rule write carries the cap of the node that proposes it, so the
 	// leader's value applies on every replica.
 	MaxRules int
+	// MaxRuleTableBytes caps the rule table's total size, the sum of the
+	// rules' rule.Rule.EncodedSize (0: DefaultMaxRuleTableBytes). Like
+	// MaxRules it travels in each rule write, so the leader's value
+	// applies on every replica. The server's flag is
+	// --max-rule-table-bytes.
+	MaxRuleTableBytes int64
 	// InMemory runs Raft over raft's in-memory log, stable and snapshot
 	// stores and transport: one node that bootstraps itself, with no
 	// files and no listener, for tests of other packages (see NewInmem).
@@ -120,6 +126,18 @@ type Config struct {
 	// connection without a peer certificate is refused before one Raft
 	// byte is read. Neither: plain TCP.
 	PeerServerTLS, PeerClientTLS *tls.Config
+}
+
+// DefaultMaxRuleTableBytes is the default cap on the rule table's bytes:
+// 64 MiB, some 64 rules at the 1 MiB rule cap or 10,000 rules of 6 KiB.
+const DefaultMaxRuleTableBytes = 64 << 20
+
+// maxTableBytes is the byte cap a write carries.
+func (c *Config) maxTableBytes() int64 {
+	if c.MaxRuleTableBytes > 0 {
+		return c.MaxRuleTableBytes
+	}
+	return DefaultMaxRuleTableBytes
 }
 
 // DefaultConfig has production timeouts: a new leader within about 3 s of
@@ -170,6 +188,8 @@ func (c *Config) Validate() error {
 			return errors.New("node id is empty")
 		case c.MaxRules < 0:
 			return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
+		case c.MaxRuleTableBytes < 0:
+			return fmt.Errorf("max rule table bytes must be >= 0, got %d", c.MaxRuleTableBytes)
 		case c.BootstrapExpect > 0 || c.Join || len(c.Peers) > 0:
 			return errors.New("an in-memory node is a cluster of one: no bootstrap-expect, peers or join")
 		}
@@ -180,6 +200,8 @@ func (c *Config) Validate() error {
 		return errors.New("node id is empty")
 	case c.MaxRules < 0:
 		return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
+	case c.MaxRuleTableBytes < 0:
+		return fmt.Errorf("max rule table bytes must be >= 0, got %d", c.MaxRuleTableBytes)
 	case c.DataDir == "":
 		return errors.New("data dir is empty")
 	case c.RaftBind == "" && c.RaftListener == nil:
@@ -463,17 +485,33 @@ func (n *Node) apply(ctx context.Context, entry []byte) (applyResult, error) {
 	return res, nil
 }
 
-// Put implements rule.Store on the leader; elsewhere it returns a
-// *rule.LeaderError for the caller to forward. It is where a rule write
-// enters the log, so it normalizes and validates the rule here: the FSM
-// applies what it is given.
+// Put implements rule.Store: PutRequest without a request id.
 func (n *Node) Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.Rule, error) {
+	return n.PutRequest(ctx, "", r, expected)
+}
+
+// PutRequest puts a rule on the leader; elsewhere it returns a
+// *rule.LeaderError for the caller to forward. It is where a rule write
+// enters the log, so it normalizes and validates the rule here, and
+// refuses a rule past the table's byte cap: the FSM applies what it is
+// given (and the caps the entry carries). requestID, when not empty, is
+// the write's idempotency key: a write the cluster already applied with
+// that id answers its first result again and changes nothing (at most
+// MaxRequestIDLen bytes).
+func (n *Node) PutRequest(ctx context.Context, requestID string, r *rule.Rule, expected *uint64) (*rule.Rule, error) {
+	if err := validRequestID(requestID); err != nil {
+		return nil, err
+	}
 	r = r.Clone()
 	r.Normalize()
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules())})
+	if err := n.checkTableBytes(r); err != nil {
+		return nil, err
+	}
+	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules()),
+		MaxTableBytes: n.cfg.maxTableBytes(), RequestId: requestID})
 	if err != nil {
 		return nil, err
 	}
@@ -484,12 +522,32 @@ func (n *Node) Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.R
 	return res.rule, res.err
 }
 
-// Delete implements rule.Store, like Put.
+// checkTableBytes refuses at the edge a rule that would bring the local
+// table past the byte cap (the FSM checks again against the table the
+// entry meets).
+func (n *Node) checkTableBytes(r *rule.Rule) error {
+	was := n.fsm.state.Load().RuleBytes
+	total := was + ruleBytes(r)
+	if c := n.fsm.Table().Get(r.Name); c != nil {
+		total -= ruleBytes(c.Rule)
+	}
+	return tableBytesCheck(r.Name, was, total, n.cfg.maxTableBytes())
+}
+
+// Delete implements rule.Store: DeleteRequest without a request id.
 func (n *Node) Delete(ctx context.Context, name string, expected *uint64) error {
+	return n.DeleteRequest(ctx, "", name, expected)
+}
+
+// DeleteRequest deletes a rule, like PutRequest.
+func (n *Node) DeleteRequest(ctx context.Context, requestID, name string, expected *uint64) error {
+	if err := validRequestID(requestID); err != nil {
+		return err
+	}
 	if err := rule.ValidName(name); err != nil {
 		return err
 	}
-	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected})
+	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected, RequestId: requestID})
 	if err != nil {
 		return err
 	}
