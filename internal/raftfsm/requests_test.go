@@ -47,8 +47,12 @@ func TestIssue20Item18_RetriedWriteAnswersItsFirstResult(t *testing.T) {
 		{"same put without the id is a stale compare-and-set", 5, entryPutRule, func() proto.Message { return put(tbRule("api", 10), u64(0), "") }, rule.ErrVersionMismatch, nil},
 		{"a failed write's retry fails alike", 6, entryPutRule, func() proto.Message { return put(tbRule("api", 11), u64(99), "req-2") }, rule.ErrVersionMismatch, nil},
 		{"its retry, the version now right, still answers the first result", 7, entryPutRule, func() proto.Message { return put(tbRule("api", 11), u64(3), "req-2") }, rule.ErrVersionMismatch, nil},
-		{"delete", 8, entryDeleteRule, func() proto.Message { return &raftv1.DeleteRule{Name: "api", ExpectedVersion: u64(3), RequestId: "req-3"} }, nil, nil},
-		{"retried delete succeeds again", 9, entryDeleteRule, func() proto.Message { return &raftv1.DeleteRule{Name: "api", ExpectedVersion: u64(3), RequestId: "req-3"} }, nil, nil},
+		{"delete", 8, entryDeleteRule, func() proto.Message {
+			return &raftv1.DeleteRule{Name: "api", ExpectedVersion: u64(3), RequestId: "req-3"}
+		}, nil, nil},
+		{"retried delete succeeds again", 9, entryDeleteRule, func() proto.Message {
+			return &raftv1.DeleteRule{Name: "api", ExpectedVersion: u64(3), RequestId: "req-3"}
+		}, nil, nil},
 		{"a delete without the id finds nothing", 10, entryDeleteRule, func() proto.Message { return &raftv1.DeleteRule{Name: "api"} }, rule.ErrNotFound, nil},
 	}
 	for _, s := range steps {
