@@ -154,6 +154,9 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 			return refused("remove %s: only %d of the %d voters left answer, fewer than a quorum of %d", id, alive, len(rest), quorum(len(rest)))
 		}
 	}
+	if target != nil && id == n.cfg.NodeID {
+		return n.removeSelf(ctx)
+	}
 	if err := n.removeMember(ctx, id); err != nil {
 		return err
 	}

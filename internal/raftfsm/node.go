@@ -54,7 +54,10 @@ type Config struct {
 	// Join means the node was given --join: it never bootstraps.
 	Join bool
 	// HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout and
-	// CommitTimeout are Raft's timeouts.
+	// CommitTimeout are Raft's timeouts. LeaderLeaseTimeout is also how
+	// soon a leader that has lost contact with a quorum of voters steps
+	// down (raft's check quorum): it must be positive and at most
+	// HeartbeatTimeout.
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -89,6 +92,11 @@ type Config struct {
 	// JoinVia asks a member at one of grpcAddrs to add self (gRPC
 	// AdminService.Join), which also records self's addresses.
 	JoinVia func(ctx context.Context, grpcAddrs []string, self cluster.Member) error
+	// RemoveVia asks the leader, at its gRPC address, to remove member id
+	// (AdminService.RemoveMember): a leader asked to remove itself hands
+	// leadership over, then asks the new leader. Nil: RemoveMember returns
+	// the new leader's *rule.LeaderError for the caller to forward.
+	RemoveVia func(ctx context.Context, leaderGRPC, id string) error
 	// DrainVia asks the leader, at its gRPC address, to take member id out
 	// of the routing view (AdminService.DrainMember); nil means this node
 	// can leave the view only while it leads.
@@ -214,6 +222,8 @@ func (c *Config) Validate() error {
 		return errors.New("bootstrap-expect and join exclude each other")
 	case c.BootstrapExpect > 0 && len(c.Peers) != c.BootstrapExpect:
 		return fmt.Errorf("bootstrap-expect is %d but %d peers are listed", c.BootstrapExpect, len(c.Peers))
+	case c.LeaderLeaseTimeout <= 0 || c.LeaderLeaseTimeout > c.HeartbeatTimeout:
+		return fmt.Errorf("leader lease timeout must be in (0, heartbeat timeout %v], got %v: a leader cut off from its quorum steps down after it", c.HeartbeatTimeout, c.LeaderLeaseTimeout)
 	case c.MaxVoters < 1:
 		return fmt.Errorf("max voters must be >= 1, got %d", c.MaxVoters)
 	case c.StabilizationTime < 0:
@@ -257,7 +267,14 @@ type Node struct {
 	// entry of its own term committed (reads are current from then on).
 	termCommitted atomic.Uint64
 	draining      atomic.Bool
-	started       time.Time
+	// removed latches once the Raft configuration no longer lists this
+	// node (removed.go).
+	removed atomic.Bool
+	// ledUntil is when this node last learned of a leader or stopped
+	// leading (unix nanoseconds), for readiness: raft's LastContact
+	// counts only messages from another leader.
+	ledUntil atomic.Int64
+	started  time.Time
 
 	hbMu      sync.Mutex
 	hbFailing map[string]time.Time // peers whose heartbeats fail, since when
@@ -333,6 +350,11 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft from %s: %w", cfg.DataDir, err)
 	}
 	n.raftUp.Store(true)
+	if has && n.outOfConfiguration() {
+		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
+		_ = n.raft.Shutdown().Error()
+		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)
+	}
 	ok = true
 	n.observe()
 	switch {
@@ -366,6 +388,9 @@ func (c *Config) raftConfig(hl hclog.Logger) *raft.Config {
 	rc.SnapshotThreshold = c.SnapshotThreshold
 	rc.SnapshotInterval = c.SnapshotInterval
 	rc.Logger = hl
+	// A leader that removes itself stays up as an idle follower (and
+	// reports Removed) rather than shutting raft down under the node.
+	rc.ShutdownOnRemove = false
 	return rc
 }
 
@@ -639,6 +664,7 @@ func (n *Node) observe() {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
+		var prev raft.ServerID
 		for {
 			select {
 			case <-n.done:
@@ -647,6 +673,10 @@ func (n *Node) observe() {
 				switch d := o.Data.(type) {
 				case raft.LeaderObservation:
 					n.log.Info("leader changed", "leader", string(d.LeaderID))
+					if d.LeaderID != "" || string(prev) == n.cfg.NodeID {
+						n.ledUntil.Store(time.Now().UnixNano())
+					}
+					prev = d.LeaderID
 					next := make(chan struct{})
 					close(*n.leaderSig.Swap(&next))
 					n.kickLiveness() // a new leader commits its first view at once

@@ -60,6 +60,14 @@ func (r *registry) health(_ context.Context, addr string) bool {
 	return n != nil && n.CaughtUp() && !n.Draining()
 }
 
+func (r *registry) removeVia(ctx context.Context, leader, id string) error {
+	n := r.get(leader)
+	if n == nil {
+		return errors.New("leader unreachable")
+	}
+	return n.RemoveMember(ctx, id)
+}
+
 func (r *registry) drainVia(ctx context.Context, leader, id string) error {
 	n := r.get(leader)
 	if n == nil {
@@ -98,6 +106,7 @@ func (c *testCluster) config(id string) Config {
 	cfg.StabilizationTime = time.Second
 	cfg.Health = c.reg.health
 	cfg.DrainVia = c.reg.drainVia
+	cfg.RemoveVia = c.reg.removeVia
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(tlog{c.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))

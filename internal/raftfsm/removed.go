@@ -1,0 +1,92 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// Removal: a member removed from the Raft configuration stops deciding at
+// once. It reports not ready, Removed reports true (the server refuses
+// data-plane calls on it), and it idles: raft does not let a node outside
+// the configuration start an election. Restarted on its old data dir, it
+// refuses to start (ErrRemoved).
+
+// ErrRemoved means this node was removed from the cluster: its data dir
+// belongs to a membership it no longer has.
+var ErrRemoved = errors.New("this node was removed from the cluster; start it with a fresh --data-dir and --join to add it again")
+
+// removedMessage is logged once when the node finds it was removed.
+const removedMessage = "this node was removed from the cluster: it no longer serves or decides; start it with a fresh --data-dir and --join to add it again"
+
+// Removed reports whether this node has learned that it was removed from
+// the Raft configuration. It stays true.
+func (n *Node) Removed() bool { return n.removed.Load() }
+
+// outOfConfiguration reports whether the node has Raft state and its
+// latest Raft configuration, not empty, does not list it.
+func (n *Node) outOfConfiguration() bool {
+	if !n.state.Load() {
+		return false
+	}
+	cf := n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return false
+	}
+	servers := cf.Configuration().Servers
+	return len(servers) > 0 && !slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == n.cfg.NodeID })
+}
+
+// checkRemoved latches removed once the configuration no longer lists
+// this node.
+func (n *Node) checkRemoved() {
+	if n.removed.Load() || !n.outOfConfiguration() {
+		return
+	}
+	if n.removed.CompareAndSwap(false, true) {
+		n.log.Error(removedMessage, "node", n.cfg.NodeID)
+		next := make(chan struct{}) // wake waiters on the leader signal
+		close(*n.leaderSig.Swap(&next))
+	}
+}
+
+// removeSelf removes the leading node itself: it hands leadership to
+// another voter first, and the new leader removes it (by RemoveVia; or the
+// caller, given the *rule.LeaderError, forwards the removal). A leader
+// that removed itself left the cluster leaderless until the others
+// elected one, and the call failed though the removal went through.
+func (n *Node) removeSelf(ctx context.Context) error {
+	if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		return fmt.Errorf("remove %s: hand over leadership first: %v: %w", n.cfg.NodeID, err, rule.ErrNoLeader)
+	}
+	n.log.Info("leadership handed over so that the new leader removes this node")
+	var le *rule.LeaderError
+	err := n.awaitLeader(ctx)
+	for errors.As(err, &le) && le.ID == n.cfg.NodeID { // raft still names this node
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("remove %s: no new leader within the deadline: %w", n.cfg.NodeID, rule.ErrNoLeader)
+		case <-n.leaderChanged():
+		case <-time.After(20 * time.Millisecond):
+		}
+		err = n.awaitLeader(ctx)
+	}
+	switch {
+	case err == nil:
+		return fmt.Errorf("remove %s: leadership came back to it; retry: %w", n.cfg.NodeID, rule.ErrNoLeader)
+	case !errors.As(err, &le):
+		return err
+	case n.cfg.RemoveVia == nil:
+		return err
+	}
+	if err := n.cfg.RemoveVia(ctx, le.GRPCAddr, n.cfg.NodeID); err != nil {
+		return fmt.Errorf("remove %s through the new leader %s: %w", n.cfg.NodeID, le.ID, err)
+	}
+	return nil
+}
