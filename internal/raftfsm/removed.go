@@ -20,7 +20,7 @@ import (
 
 // ErrRemoved means this node was removed from the cluster: its data dir
 // belongs to a membership it no longer has.
-var ErrRemoved = errors.New("this node was removed from the cluster; start it with a fresh --data-dir and --join to add it again")
+var ErrRemoved = errors.New("this node was removed; start with a fresh --data-dir and --join")
 
 // removedMessage is logged once when the node finds it was removed.
 const removedMessage = "this node was removed from the cluster: it no longer serves or decides; start it with a fresh --data-dir and --join to add it again"
