@@ -195,9 +195,13 @@ func (n *Node) DrainMember(ctx context.Context, id string) error {
 // that its keys move to their next owners while it still answers (and
 // forwards): through the leader, by DrainVia when another node leads. It
 // returns once this node has applied the view without itself, or ctx ends.
-// The node reports not ready from the start of Drain on.
+// The node reports not ready from the start of Drain on. A removed node
+// has nothing to leave: Drain returns at once.
 func (n *Node) Drain(ctx context.Context) error {
 	n.draining.Store(true)
+	if n.removed.Load() {
+		return nil // no longer a member: there is no view to leave
+	}
 	if live := n.fsm.live(); len(live) == 1 && live[0] == n.cfg.NodeID {
 		// The only owner: there is nowhere to move the keys, and an empty
 		// view would only turn the last calls into errors.

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"errors"
 	"net"
 	"sync"
@@ -239,5 +240,10 @@ func TestIssue20Item23_RemovedFollowerStops(t *testing.T) {
 	waitFor(t, "the removed follower knows", 10*time.Second, f.Removed)
 	if f.Ready() {
 		t.Fatal("the removed follower reports ready")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := f.Drain(ctx); err != nil {
+		t.Fatalf("drain of a removed node: %v", err)
 	}
 }

@@ -1823,7 +1823,7 @@ type PutRuleRequest struct {
 	// Idempotency key (at most 128 bytes; empty: none): a retry with the
 	// request_id of a write the cluster already applied answers that
 	// write's result instead of applying it again. The cluster remembers
-	// the most recent ids (see docs); generate a fresh one per write.
+	// the last 10,000 ids; generate a fresh one per write.
 	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

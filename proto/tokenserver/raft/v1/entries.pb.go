@@ -756,7 +756,8 @@ type RequestRecord struct {
 	// For a successful put: the stored rule's version and generation.
 	Version    uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
-	// The error kind (RequestError; 0: none) and its message.
+	// The error kind (internal/raftfsm numbers them; 0: none) and its
+	// message.
 	Error         uint32 `protobuf:"varint,5,opt,name=error,proto3" json:"error,omitempty"`
 	ErrorMessage  string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
