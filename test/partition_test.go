@@ -250,16 +250,28 @@ func runPartition(t *testing.T, d time.Duration) partitionResult {
 		t.Fatal("no key owned by a node of the majority")
 	}
 	bound := partUpAfter + time.Second
+	// What still failed, at the bound and at the end, for the failure
+	// message: the write, the acquire or /readyz.
+	var lastFail, failAtBound string
 	c.waitFor("the healed node serves", time.Minute, func() bool {
+		lastFail = ""
 		if _, err := call(func(ctx context.Context) (*pb.PutRuleResponse, error) {
 			return c.admin(victim).PutRule(ctx, &pb.PutRuleRequest{Rule: rulePB("after-heal", 10)})
 		}); err != nil {
-			return false
+			lastFail = "rule write: " + err.Error()
 		}
-		_, err := call(func(ctx context.Context) (*pb.AcquireTokenResponse, error) {
+		if _, err := call(func(ctx context.Context) (*pb.AcquireTokenResponse, error) {
 			return c.token(victim).AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "api", Key: key})
-		})
-		return err == nil && c.ready(victim)
+		}); err != nil {
+			lastFail += "; acquire of another node's key: " + err.Error()
+		}
+		if !c.ready(victim) {
+			lastFail += "; /readyz not ready"
+		}
+		if failAtBound == "" && time.Since(healed) > bound {
+			failAtBound = lastFail
+		}
+		return lastFail == ""
 	})
 	res.serveAfter = time.Since(healed)
 	stopWriter()
@@ -285,7 +297,8 @@ func runPartition(t *testing.T, d time.Duration) partitionResult {
 		}
 	}
 	if res.serveAfter > bound {
-		t.Errorf("the healed node served %v after the heal, past up-after + 1 s = %v", res.serveAfter.Round(time.Millisecond), bound)
+		t.Errorf("the healed node served %v after the heal, past up-after + 1 s = %v; at %v still failing: %s",
+			res.serveAfter.Round(time.Millisecond), bound, bound, failAtBound)
 	}
 	return res
 }
