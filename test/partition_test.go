@@ -254,10 +254,12 @@ func runPartition(t *testing.T, d time.Duration) partitionResult {
 	// (forwarded to the leader) and an acquire of a key another node owns
 	// (forwarded): the target is up-after + 1 s. Ready is /readyz,
 	// which waits for the view to take the node back: up-after once the
-	// leader's health check of it passes, so up-after plus a reconnect and
-	// a check (readyBound).
-	bound, readyBound := partUpAfter+time.Second, partUpAfter+2*time.Second
+	// leader's health check of it passes, so up-after plus the peer
+	// connection's reconnect backoff (up to 1 s), a liveness tick and the
+	// server's readiness poll (readyBound).
+	bound, readyBound := partUpAfter+time.Second, partUpAfter+3*time.Second
 	var serveFail, readyAt time.Duration
+	var serveFailMsg string
 	var failAtBound string
 	c.waitFor("the healed node serves and is ready", 2*time.Minute, func() bool {
 		var fail []string
@@ -275,7 +277,7 @@ func runPartition(t *testing.T, d time.Duration) partitionResult {
 			res.serveAfter = time.Since(healed)
 		}
 		if len(fail) > 0 {
-			serveFail = time.Since(healed)
+			serveFail, serveFailMsg = time.Since(healed), strings.Join(fail, "; ")
 		}
 		// Ready in the majority's view too: right after the heal the node
 		// can pass /readyz for a moment on its stale view.
@@ -299,7 +301,7 @@ func runPartition(t *testing.T, d time.Duration) partitionResult {
 	})
 	res.readyAfter = readyAt
 	if serveFail > res.serveAfter {
-		t.Errorf("the healed node served at %v, then failed again at %v", res.serveAfter, serveFail)
+		t.Errorf("the healed node served at %v, then failed again at %v: %s", res.serveAfter, serveFail, serveFailMsg)
 	}
 	stopWriter()
 	names := <-acked
@@ -328,7 +330,7 @@ func runPartition(t *testing.T, d time.Duration) partitionResult {
 			res.serveAfter.Round(time.Millisecond), bound, bound, failAtBound)
 	}
 	if res.readyAfter > readyBound {
-		t.Errorf("the healed node was ready %v after the heal, past up-after + 2 s = %v; at %v still failing: %s",
+		t.Errorf("the healed node was ready %v after the heal, past up-after + 3 s = %v; at %v still failing: %s",
 			res.readyAfter.Round(time.Millisecond), readyBound, bound, failAtBound)
 	}
 	return res
