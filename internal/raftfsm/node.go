@@ -269,6 +269,9 @@ type Node struct {
 	// removed latches once the Raft configuration no longer lists this
 	// node (removed.go).
 	removed atomic.Bool
+	// member is what checkRemoved has seen of this node in the Raft
+	// configuration (removed.go).
+	member atomic.Uint32
 	// ledUntil is when this node last learned of a leader or stopped
 	// leading (unix nanoseconds), for readiness: raft's LastContact
 	// counts only messages from another leader.
@@ -349,7 +352,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft from %s: %w", cfg.DataDir, err)
 	}
 	n.raftUp.Store(true)
-	if has && n.outOfConfiguration() {
+	if has && n.removedAtStart() {
 		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
 		_ = n.raft.Shutdown().Error()
 		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)

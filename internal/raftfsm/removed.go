@@ -22,6 +22,13 @@ import (
 // belongs to a membership it no longer has.
 var ErrRemoved = errors.New("this node was removed; start with a fresh --data-dir and --join")
 
+// What checkRemoved has seen of this node in the configuration.
+const (
+	memberUnknown  uint32 = iota // never listed yet (joining)
+	memberListed                 // listed at the last check
+	memberUnlisted               // listed before, not at the last check
+)
+
 // removedMessage is logged once when the node finds it was removed.
 const removedMessage = "this node was removed from the cluster: it no longer serves or decides; start it with a fresh --data-dir and --join to add it again"
 
@@ -29,31 +36,72 @@ const removedMessage = "this node was removed from the cluster: it no longer ser
 // the Raft configuration. It stays true.
 func (n *Node) Removed() bool { return n.removed.Load() }
 
-// outOfConfiguration reports whether the node has Raft state and its
-// latest Raft configuration, not empty, does not list it.
-func (n *Node) outOfConfiguration() bool {
-	if !n.state.Load() {
-		return false
-	}
+// configuration returns the latest Raft configuration's servers (ok
+// false while raft cannot say).
+func (n *Node) configuration() ([]raft.Server, bool) {
 	cf := n.raft.GetConfiguration()
 	if cf.Error() != nil {
-		return false
+		return nil, false
 	}
-	servers := cf.Configuration().Servers
-	return len(servers) > 0 && !slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == n.cfg.NodeID })
+	return cf.Configuration().Servers, true
 }
 
-// checkRemoved latches removed once the configuration no longer lists
-// this node.
+func (n *Node) listed(servers []raft.Server) bool {
+	return slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == n.cfg.NodeID })
+}
+
+// checkRemoved latches removed once a configuration that does not list
+// this node follows one that did, on two checks in a row. A node catching
+// up after its join meets older configurations without it first: those
+// do not count. (raft's latest configuration only moves forward, except
+// when a follower's uncommitted entries are truncated.)
 func (n *Node) checkRemoved() {
-	if n.removed.Load() || !n.outOfConfiguration() {
+	if n.removed.Load() || !n.state.Load() {
 		return
 	}
-	if n.removed.CompareAndSwap(false, true) {
-		n.log.Error(removedMessage, "node", n.cfg.NodeID)
-		next := make(chan struct{}) // wake waiters on the leader signal
-		close(*n.leaderSig.Swap(&next))
+	servers, ok := n.configuration()
+	switch {
+	case !ok:
+	case n.listed(servers):
+		n.member.Store(memberListed)
+	case len(servers) == 0 || n.member.Load() == memberUnknown:
+	case n.member.CompareAndSwap(memberListed, memberUnlisted):
+		// once more on the next check
+	default:
+		if n.removed.CompareAndSwap(false, true) {
+			n.log.Error(removedMessage, "node", n.cfg.NodeID)
+			next := make(chan struct{}) // wake waiters on the leader signal
+			close(*n.leaderSig.Swap(&next))
+		}
 	}
+}
+
+// removedAtStart reports whether the stores say this node was removed:
+// the latest configuration does not list it, and an earlier one in the
+// log or the snapshot did.
+func (n *Node) removedAtStart() bool {
+	servers, ok := n.configuration()
+	if !ok || len(servers) == 0 || n.listed(servers) {
+		return false
+	}
+	if snaps, err := n.snaps.List(); err == nil && len(snaps) > 0 && n.listed(snaps[0].Configuration.Servers) {
+		return true
+	}
+	first, err1 := n.logs.FirstIndex()
+	last, err2 := n.logs.LastIndex()
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	var l raft.Log
+	for i := last; i >= first && i > 0; i-- {
+		if err := n.logs.GetLog(i, &l); err != nil || l.Type != raft.LogConfiguration {
+			continue
+		}
+		if n.listed(raft.DecodeConfiguration(l.Data).Servers) {
+			return true
+		}
+	}
+	return false
 }
 
 // removeSelf removes the leading node itself: it hands leadership to
