@@ -44,13 +44,16 @@ const (
 // came in. Each holds values of its own (a rule in one belongs to it).
 type (
 	putRule struct {
-		rule     *rule.Rule
-		expected *uint64
-		maxRules int
+		rule          *rule.Rule
+		expected      *uint64
+		maxRules      int
+		maxTableBytes int64
+		requestID     string
 	}
 	deleteRule struct {
-		name     string
-		expected *uint64
+		name      string
+		expected  *uint64
+		requestID string
 	}
 	setMember    struct{ member memberInfo }
 	removeMember struct{ id string }
@@ -151,7 +154,8 @@ func decodePutRule(p []byte) (putRule, error) {
 	if m.Rule == nil {
 		return putRule{}, errors.New("no rule")
 	}
-	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules)}, nil
+	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules),
+		maxTableBytes: m.MaxTableBytes, requestID: m.RequestId}, nil
 }
 
 func decodeDeleteRule(p []byte) (deleteRule, error) {
@@ -159,7 +163,7 @@ func decodeDeleteRule(p []byte) (deleteRule, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return deleteRule{}, err
 	}
-	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion)}, nil
+	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion), requestID: m.RequestId}, nil
 }
 
 func decodeMemberChange(p []byte) (memberInfo, error) {

@@ -346,7 +346,13 @@ type PutRule struct {
 	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
 	// The proposing leader's cap on rules (0: none); every replica applies
 	// the cap carried here, whatever its own flags.
-	MaxRules      int64 `protobuf:"varint,3,opt,name=max_rules,json=maxRules,proto3" json:"max_rules,omitempty"`
+	MaxRules int64 `protobuf:"varint,3,opt,name=max_rules,json=maxRules,proto3" json:"max_rules,omitempty"`
+	// The caller's idempotency key (empty: none): a put whose id the FSM
+	// remembers answers the remembered result and changes nothing.
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The proposing leader's cap on the rule table's total bytes, as
+	// rule.Rule.EncodedSize counts them (0: none); applied like max_rules.
+	MaxTableBytes int64 `protobuf:"varint,5,opt,name=max_table_bytes,json=maxTableBytes,proto3" json:"max_table_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -402,13 +408,29 @@ func (x *PutRule) GetMaxRules() int64 {
 	return 0
 }
 
+func (x *PutRule) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PutRule) GetMaxTableBytes() int64 {
+	if x != nil {
+		return x.MaxTableBytes
+	}
+	return 0
+}
+
 // DeleteRule deletes a rule.
 type DeleteRule struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The caller's idempotency key, as in PutRule.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRule) Reset() {
@@ -453,6 +475,13 @@ func (x *DeleteRule) GetExpectedVersion() uint64 {
 		return *x.ExpectedVersion
 	}
 	return 0
+}
+
+func (x *DeleteRule) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // Member is what the FSM keeps about a member.
@@ -687,7 +716,9 @@ type Snapshot struct {
 	// The index of the Envoy domains' last change.
 	EnvoyIndex uint64 `protobuf:"varint,7,opt,name=envoy_index,json=envoyIndex,proto3" json:"envoy_index,omitempty"`
 	// Runtime overrides, sorted by rule and key.
-	Overrides     []*RuntimeOverride `protobuf:"bytes,8,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	Overrides []*RuntimeOverride `protobuf:"bytes,8,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	// The most recent rule writes that carried a request id, oldest first.
+	Requests      []*RequestRecord `protobuf:"bytes,9,rep,name=requests,proto3" json:"requests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -774,6 +805,13 @@ func (x *Snapshot) GetEnvoyIndex() uint64 {
 func (x *Snapshot) GetOverrides() []*RuntimeOverride {
 	if x != nil {
 		return x.Overrides
+	}
+	return nil
+}
+
+func (x *Snapshot) GetRequests() []*RequestRecord {
+	if x != nil {
+		return x.Requests
 	}
 	return nil
 }
@@ -1229,6 +1267,96 @@ func (x *DeleteOverrides) GetExpiredBeforeUnixNs() int64 {
 	return 0
 }
 
+// RequestRecord is the result of a rule write that carried a request id,
+// remembered so that a retry answers it again.
+type RequestRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The index of the entry that carried it.
+	Index uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// For a successful put: the stored rule's version and generation.
+	Version    uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The error kind (internal/raftfsm numbers them; 0: none) and its
+	// message.
+	Error         uint32 `protobuf:"varint,5,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRecord) Reset() {
+	*x = RequestRecord{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRecord) ProtoMessage() {}
+
+func (x *RequestRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
+func (*RequestRecord) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RequestRecord) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetError() uint32 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
@@ -1269,16 +1397,21 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
-	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\x9a\x01\n" +
+	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xe1\x01\n" +
 	"\aPutRule\x12-\n" +
 	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1b\n" +
-	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRulesB\x13\n" +
-	"\x11_expected_version\"e\n" +
+	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRules\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12&\n" +
+	"\x0fmax_table_bytes\x18\x05 \x01(\x03R\rmaxTableBytesB\x13\n" +
+	"\x11_expected_version\"\x84\x01\n" +
 	"\n" +
 	"DeleteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestIdB\x13\n" +
 	"\x11_expected_version\"\x89\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
@@ -1291,7 +1424,7 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\aSetView\x12\x12\n" +
 	"\x04live\x18\x01 \x03(\tR\x04live\"?\n" +
 	"\fRestoreRules\x12/\n" +
-	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xe7\x02\n" +
+	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xa7\x03\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
@@ -1302,7 +1435,8 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\renvoy_domains\x18\x06 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\fenvoyDomains\x12\x1f\n" +
 	"\venvoy_index\x18\a \x01(\x04R\n" +
 	"envoyIndex\x12B\n" +
-	"\toverrides\x18\b \x03(\v2$.tokenserver.raft.v1.RuntimeOverrideR\toverrides\"\x7f\n" +
+	"\toverrides\x18\b \x03(\v2$.tokenserver.raft.v1.RuntimeOverrideR\toverrides\x12>\n" +
+	"\brequests\x18\t \x03(\v2\".tokenserver.raft.v1.RequestRecordR\brequests\"\x7f\n" +
 	"\vEnvoyDomain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04yaml\x18\x02 \x01(\tR\x04yaml\x12\x18\n" +
@@ -1334,7 +1468,16 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\x0fDeleteOverrides\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x123\n" +
-	"\x16expired_before_unix_ns\x18\x03 \x01(\x03R\x13expiredBeforeUnixNsBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
+	"\x16expired_before_unix_ns\x18\x03 \x01(\x03R\x13expiredBeforeUnixNs\"\xaa\x01\n" +
+	"\rRequestRecord\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\rR\x05error\x12#\n" +
+	"\rerror_message\x18\x06 \x01(\tR\ferrorMessageBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
 
 var (
 	file_tokenserver_raft_v1_entries_proto_rawDescOnce sync.Once
@@ -1348,7 +1491,7 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*Rule)(nil),              // 0: tokenserver.raft.v1.Rule
 	(*Override)(nil),          // 1: tokenserver.raft.v1.Override
@@ -1366,6 +1509,7 @@ var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*RuntimeOverride)(nil),   // 13: tokenserver.raft.v1.RuntimeOverride
 	(*PutOverride)(nil),       // 14: tokenserver.raft.v1.PutOverride
 	(*DeleteOverrides)(nil),   // 15: tokenserver.raft.v1.DeleteOverrides
+	(*RequestRecord)(nil),     // 16: tokenserver.raft.v1.RequestRecord
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	1,  // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
@@ -1376,14 +1520,15 @@ var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	4,  // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
 	9,  // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
 	13, // 7: tokenserver.raft.v1.Snapshot.overrides:type_name -> tokenserver.raft.v1.RuntimeOverride
-	9,  // 8: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
-	9,  // 9: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
-	13, // 10: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	16, // 8: tokenserver.raft.v1.Snapshot.requests:type_name -> tokenserver.raft.v1.RequestRecord
+	9,  // 9: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
+	9,  // 10: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	13, // 11: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -1401,7 +1546,7 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
