@@ -143,6 +143,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.raft.UpAfter, "up-after", o.raft.UpAfter, "take a dropped member back into the routing view after this long healthy")
 	fs.Int64Var(&o.cfg.MaxBuckets, "max-buckets", o.cfg.MaxBuckets, "most buckets (rule, key pairs) held at once; past it a new key gets RESOURCE_EXHAUSTED (0: no cap; --max-bucket-memory bounds memory)")
 	fs.Var(server.BytesFlag{P: &o.cfg.MaxBucketMemory}, "max-bucket-memory", "bucket memory budget in bytes, with an optional KiB, MiB or GiB suffix (keys, index entries and algorithm state); past it a new key gets RESOURCE_EXHAUSTED (default: half of GOMEMLIMIT when set, else 1GiB)")
+	fs.Var(server.BytesFlag{P: &o.cfg.MaxRuleTableBytes}, "max-rule-table-bytes", "most bytes of rules in the cluster, all rules together (e.g. 64MiB; 0: 64 MiB); a rule write past it gets RESOURCE_EXHAUSTED (the leader's value applies)")
 	fs.IntVar(&o.cfg.MaxRules, "max-rules", o.cfg.MaxRules, "most rules in the cluster; a new rule past it gets RESOURCE_EXHAUSTED (the value of the node that leads when the rule is written applies)")
 	fs.IntVar(&o.cfg.Shards, "shards", 0, "bucket index shards, each locked only to add or evict buckets (0: 64)")
 	fs.IntVar(&o.cfg.MaxRecvMsgSize, "max-msg-size", o.cfg.MaxRecvMsgSize, "largest gRPC request accepted, in bytes")

@@ -58,7 +58,7 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 	}
 	in := rulepb.FromProto(req.GetRule())
 	in.UpdatedBy = actor(ctx)
-	r, err := s.n.control.Put(ctx, in, req.ExpectedVersion)
+	r, err := s.n.control.PutRequest(ctx, req.GetRequestId(), in, req.ExpectedVersion)
 	if err != nil {
 		var resp *pb.PutRuleResponse
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) (err error) {
@@ -165,7 +165,7 @@ func (s *adminService) DeleteRule(ctx context.Context, req *pb.DeleteRuleRequest
 	if err := auth.CheckName(ctx, req.GetName()); err != nil {
 		return nil, err
 	}
-	if err := s.n.control.Delete(ctx, req.GetName(), req.ExpectedVersion); err != nil {
+	if err := s.n.control.DeleteRequest(ctx, req.GetRequestId(), req.GetName(), req.ExpectedVersion); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.DeleteRule(ctx, req)
 			return err

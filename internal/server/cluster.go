@@ -40,6 +40,11 @@ type ControlPlane interface {
 	// Put, Delete, Get and List are rule.Store's (see there).
 	Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.Rule, error)
 	Delete(ctx context.Context, name string, expected *uint64) error
+	// PutRequest and DeleteRequest are Put and Delete with the caller's
+	// idempotency key: a retry of a write that was committed answers its
+	// first result instead of failing its own compare-and-set.
+	PutRequest(ctx context.Context, requestID string, r *rule.Rule, expected *uint64) (*rule.Rule, error)
+	DeleteRequest(ctx context.Context, requestID, name string, expected *uint64) error
 	Get(ctx context.Context, name string) (*rule.Rule, error)
 	List(ctx context.Context) ([]*rule.Rule, error)
 	// Drain takes this node out of the routing view before it stops;

@@ -30,6 +30,10 @@ type Config struct {
 	// MaxRules caps the rules of the cluster (every node must use the same
 	// value). 0 means rule.DefaultMaxRules.
 	MaxRules int
+	// MaxRuleTableBytes caps the rule table's total size in bytes (the
+	// leader's value travels in each rule write). 0 means
+	// raftfsm.DefaultMaxRuleTableBytes.
+	MaxRuleTableBytes int64
 	// Shards is the number of bucket index shards (0: shard.DefaultShards).
 	Shards int
 	// MaxRecvMsgSize is the largest request the server reads, in bytes.
@@ -152,6 +156,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("MaxBucketMemory must be at least 1 MiB, got %d bytes", c.MaxBucketMemory)
 	case c.MaxRules < 0:
 		return fmt.Errorf("MaxRules must be >= 0, got %d", c.MaxRules)
+	case c.MaxRuleTableBytes < 0:
+		return fmt.Errorf("MaxRuleTableBytes must be >= 0, got %d", c.MaxRuleTableBytes)
 	case c.Shards < 0 || c.Shards > 1<<16:
 		return fmt.Errorf("Shards must be between 0 and 65536, got %d", c.Shards)
 	case c.MaxRecvMsgSize < 1<<16:

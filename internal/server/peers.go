@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
+	"github.com/tokenserver/tokenserver/internal/netutil"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -61,6 +62,10 @@ func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
+		// TCP keepalive and a user timeout: a peer that went silent (a
+		// partition) is noticed in seconds, not after TCP's retransmission
+		// backoff, so a healed node is dialled again at once.
+		grpc.WithContextDialer(netutil.ContextDialer(netutil.DefaultOptions())),
 		// A node back after an outage must be reachable again within a
 		// second or so, not after gRPC's default backoff of up to 120 s:
 		// the view takes it back --up-after after its health check passes.
@@ -95,6 +100,19 @@ func (p *Peers) DrainVia(ctx context.Context, addr, id string) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = pb.NewAdminServiceClient(c).DrainMember(markForwarded(cctx), &pb.DrainMemberRequest{Id: id})
+	return err
+}
+
+// RemoveVia asks the leader at addr to remove member id (a leader that
+// removes itself hands over first, then asks the new leader).
+func (p *Peers) RemoveVia(ctx context.Context, addr, id string) error {
+	c, err := p.conn(addr)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = pb.NewAdminServiceClient(c).RemoveMember(markForwarded(cctx), &pb.RemoveMemberRequest{Id: id})
 	return err
 }
 

@@ -83,11 +83,12 @@ func OpenRaft(cfg Config, rc raftfsm.Config, join []string) (Deps, error) {
 	hooks := NewRaftHooks()
 	rc.PeerServerTLS, rc.PeerClientTLS = peerServer, peerClient
 	rc.AdvertiseGRPC = cfg.AdvertiseGRPC
-	rc.Health, rc.JoinVia, rc.DrainVia = peers.Health, peers.JoinVia, peers.DrainVia
+	rc.Health, rc.JoinVia, rc.DrainVia, rc.RemoveVia = peers.Health, peers.JoinVia, peers.DrainVia, peers.RemoveVia
 	rc.ObserveApply, rc.OnCaughtUp = hooks.ObserveApply, hooks.CaughtUp
 	rc.Join = len(join) > 0
 	// The leader's cap travels in each rule write, so replicas agree.
 	rc.MaxRules = cmp.Or(rc.MaxRules, cfg.MaxRules)
+	rc.MaxRuleTableBytes = cmp.Or(rc.MaxRuleTableBytes, cfg.MaxRuleTableBytes)
 	if rc.Logger == nil {
 		rc.Logger = cfg.Logger
 	}
