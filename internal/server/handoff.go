@@ -24,7 +24,7 @@ const handoffRetry = 200 * time.Millisecond
 
 // handoffLocal is this node as package handoff sees it.
 func (n *Node) handoffLocal() handoff.Local {
-	return handoff.Local{ID: n.data.ID(), Buckets: n.buckets, Table: n.data.Table, Now: n.now}
+	return handoff.Local{ID: n.data.ID(), Buckets: n.buckets, Table: n.data.Table, Now: func() int64 { return n.now() }}
 }
 
 // newHandoff builds the node's handoff receiver and registers its
