@@ -65,8 +65,7 @@ type Map struct {
 	evicted    atomic.Int64
 	capDenials atomic.Int64
 	// dropped is the highest grant nonce of a dropped bucket.
-	dropped  atomic.Uint64
-	imported issuers // other nodes' grant keys (export.go)
+	dropped atomic.Uint64
 }
 
 type shard struct {
