@@ -5,9 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,19 +42,6 @@ func TestFiguresSDKKilledOwner(t *testing.T) {
 // TestFiguresSDKFrozenNode: the frozen watched node of TestSDKFrozenWatchedNode,
 // for its FIGURE lines.
 func TestFiguresSDKFrozenNode(t *testing.T) { TestSDKFrozenWatchedNode(t) }
-
-// procCPU is the CPU time (user + system) the process pid has used.
-func procCPU(t *testing.T, pid int) time.Duration {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
-}
 
 // TestFiguresViewStreamsCPU: CPU of one tokenserver process (3-node
 // cluster member, 20 rules) serving 1,000 idle WatchClusterView streams
