@@ -148,7 +148,8 @@ func normalizeRLS(r *rlpb.RateLimitResponse) *rlpb.RateLimitResponse {
 // tokenctl envoy list shows the domain with its author and source; a
 // "..data" swap under load changes the limit on every node within a bound
 // and no call fails; kill -9 of a node under load keeps each moved counter
-// within one fresh window (2×limit admitted), the others within the limit.
+// within one fresh window (2×limit admitted), the others within the limit,
+// and no call through a survivor fails.
 func TestEnvoyRLSProcesses(t *testing.T) {
 	cm := newConfigMap(t, map[string]string{"edge.yaml": edgeYAML(100000)})
 	if err := os.WriteFile(filepath.Join(cm.dir, ".edge.yaml.swp"), []byte("\x00 not yaml"), 0o644); err != nil {
@@ -357,6 +358,9 @@ func envoyKill(t *testing.T, c *procCluster, ctx context.Context) {
 	stop()
 	wg.Wait()
 	t.Logf("kill -9 %s: %d calls, %d failed, view changed %v after the kill; admitted %v (moved: %v)", victim, calls.Load(), failed.Load(), time.Since(killed).Round(time.Millisecond), admitted, moved)
+	if failed.Load() != 0 {
+		t.Errorf("%d of %d calls failed: the survivors should count the victim's counters at once", failed.Load(), calls.Load())
+	}
 	for _, k := range keys {
 		bound := limit
 		if moved[k] {
