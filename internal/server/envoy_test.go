@@ -1,8 +1,10 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -124,21 +127,64 @@ func TestEnvoyRLSCluster(t *testing.T) {
 			t.Fatalf("call %d via %s:\n got %v\nwant %v", i, c.Nodes[i%3].ID, got, want)
 		}
 	}
-	// Bad input: refused, naming the field, and nothing counted.
-	for _, bad := range []*rlpb.RateLimitRequest{
-		{Domain: "", Descriptors: descs},
-		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "10.9.9.9"), {Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}},
+	// Bad input: refused, naming the field, and nothing counted. Each bad
+	// request also carries 10.9.9.9, whose counter must stay untouched.
+	counted := desc("remote_address", "10.9.9.9")
+	many := make([]*ratelimitv3.RateLimitDescriptor, envoyrls.MaxDescriptors+1)
+	for i := range many {
+		many[i] = counted
+	}
+	wide := desc()
+	for i := 0; i <= envoyrls.MaxEntries; i++ {
+		wide.Entries = append(wide.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: fmt.Sprint("k", i), Value: "v"})
+	}
+	for _, tc := range []struct {
+		name  string
+		req   *rlpb.RateLimitRequest
+		field string
+	}{
+		{"empty domain", &rlpb.RateLimitRequest{Domain: "", Descriptors: descs}, "domain: must not be empty"},
+		{"override unit UNKNOWN", &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{counted, {Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}, Limit: &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}}, "descriptors[1].limit.unit"},
+		{"too many descriptors", &rlpb.RateLimitRequest{Domain: "edge", Descriptors: many}, "descriptors: has 1001 descriptors"},
+		{"too many entries", &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{counted, wide}}, "descriptors[1].entries: has 65 entries"},
 	} {
-		_, err := clients[0].ShouldRateLimit(ctx, bad)
-		if status.Code(err) != codes.InvalidArgument {
-			t.Fatalf("bad request %v: %v, want InvalidArgument", bad, err)
+		_, err := clients[0].ShouldRateLimit(ctx, tc.req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.field) {
+			t.Fatalf("%s: %v, want InvalidArgument naming %q", tc.name, err, tc.field)
 		}
+	}
+	// Invalid UTF-8, which no Go client can marshal: sent as raw bytes.
+	raw, err := proto.Marshal(&rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{counted, desc("path", "BADX")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw = bytes.Replace(raw, []byte("BADX"), []byte("\xff\xfe\xc3("), 1)
+	conn, err := grpc.NewClient(c.Nodes[2].GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Invoke(ctx, rlpb.RateLimitService_ShouldRateLimit_FullMethodName, &rlpb.RateLimitRequest{}, new(rlpb.RateLimitResponse), grpc.ForceCodecV2(rawRLSCodec{raw}))
+	if want := "descriptors[1].entries[0].value is not valid UTF-8"; status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), want) {
+		t.Fatalf("invalid UTF-8: %v, want InvalidArgument naming %q", err, want)
 	}
 	resp, err := clients[1].ShouldRateLimit(ctx, &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "10.9.9.9")}})
 	if err != nil || resp.GetStatuses()[0].GetLimitRemaining() != 2 {
 		t.Fatalf("after refused requests the counter moved: %v %v", resp, err)
 	}
 }
+
+// rawRLSCodec sends a request as the given bytes and decodes the answer
+// as proto.
+type rawRLSCodec struct{ raw []byte }
+
+func (c rawRLSCodec) Marshal(any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(c.raw)}, nil
+}
+func (rawRLSCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+func (rawRLSCodec) Name() string { return "proto" }
 
 func mustDomain(t *testing.T) *envoyrls.Domain {
 	t.Helper()
