@@ -100,13 +100,14 @@ func (a *app) bench(cmd *cobra.Command, o loadgen.Options) (*loadgen.Result, err
 	// The load's connections do not wait or retry: a failed call counts
 	// as an error.
 	conns := make([]*grpc.ClientConn, o.Conns)
+	probes := make([]*connProbe, o.Conns)
 	for i := range conns {
-		c, err := a.dialDirect()
+		c, probe, err := a.dialDirect()
 		if err != nil {
 			return nil, err
 		}
 		defer c.Close()
-		conns[i] = c
+		conns[i], probes[i] = c, probe
 	}
 	setup, cancel := a.context(cmd, 0)
 	defer cancel()
@@ -129,11 +130,15 @@ func (a *app) bench(cmd *cobra.Command, o loadgen.Options) (*loadgen.Result, err
 	// server up to --timeout.
 	for i, c := range conns {
 		err := a.call(setup, fmt.Sprintf("bench: connect %d", i+1), func(ctx context.Context) error {
+			ctx, cancel := context.WithCancelCause(ctx)
+			defer cancel(nil)
+			stop := a.watchConn(ctx, c, probes[i], cancel)
 			_, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+			stop()
 			if o.Mode != loadgen.ModeBare && status.Code(err) == codes.Unimplemented {
 				return nil
 			}
-			return a.unreachable(c, nil, err)
+			return a.unreachable(ctx, c, nil, err)
 		})
 		if err != nil {
 			return nil, err

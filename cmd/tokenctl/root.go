@@ -62,17 +62,23 @@ func (a *app) context(cmd *cobra.Command, extra time.Duration) (context.Context,
 // retry Unavailable until their deadline (rpc.go). grpc.NewClient does not
 // connect: the first call does.
 func (a *app) dial() (*grpc.ClientConn, error) {
-	return a.dialWith(a.retryDialOptions()...)
+	probe := newConnProbe(a.server)
+	return a.dialWith(probe, a.retryDialOptions(probe)...)
 }
 
 // dialDirect is dial without waiting or retries: a call fails at once when
-// the server cannot be reached (bench's load).
-func (a *app) dialDirect() (*grpc.ClientConn, error) {
-	return a.dialWith()
+// the server cannot be reached (bench's load). The probe records the
+// connection's TLS failures for a caller that waits (watchConn).
+func (a *app) dialDirect() (*grpc.ClientConn, *connProbe, error) {
+	probe := newConnProbe(a.server)
+	c, err := a.dialWith(probe)
+	return c, probe, err
 }
 
-func (a *app) dialWith(extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	opts, err := a.sec.dialOptions()
+// dialWith dials --server with the security flags' options and extra;
+// probe, if not nil, records TLS handshake failures.
+func (a *app) dialWith(probe *connProbe, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts, err := a.sec.dialOptions(probe)
 	if err != nil {
 		return nil, err
 	}

@@ -82,15 +82,20 @@ func (s *security) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// dialOptions are the transport and per-call credentials of the flags.
-func (s *security) dialOptions() ([]grpc.DialOption, error) {
+// dialOptions are the transport and per-call credentials of the flags;
+// with a probe, TLS handshake failures are recorded in it.
+func (s *security) dialOptions(probe *connProbe) ([]grpc.DialOption, error) {
 	var opts []grpc.DialOption
 	if s.tls() {
 		cfg, err := s.tlsConfig()
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		creds := credentials.NewTLS(cfg)
+		if probe != nil {
+			creds = &recordingCreds{TransportCredentials: creds, probe: probe}
+		}
+		opts = append(opts, grpc.WithTransportCredentials(creds))
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
