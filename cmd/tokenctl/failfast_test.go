@@ -172,4 +172,3 @@ func serveAdmin(t *testing.T, opts ...grpc.ServerOption) string {
 	t.Cleanup(srv.Stop)
 	return ln.Addr().String()
 }
-
