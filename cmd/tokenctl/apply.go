@@ -93,7 +93,7 @@ order, and one line per rule shows its name and new version.`,
 				if err != nil {
 					if len(stored) > 0 {
 						a.logf("applied %d of %d rules before the error", len(stored), len(rules))
-						if !a.json() {
+						if !a.structured() {
 							_ = writeApplied(a.stdout, stored)
 						}
 					}
@@ -101,8 +101,8 @@ order, and one line per rule shows its name and new version.`,
 				}
 				stored = append(stored, resp.GetRule())
 			}
-			if a.json() {
-				return writeRulesJSON(a.stdout, stored)
+			if a.structured() {
+				return a.writeRules(stored)
 			}
 			return writeApplied(a.stdout, stored)
 		},

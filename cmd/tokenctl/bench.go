@@ -62,8 +62,8 @@ Calls are not retried: failures count as errors.`,
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				if err := writeJSONLine(a.stdout, res); err != nil {
+			if a.structured() {
+				if err := a.writeLine(res); err != nil {
 					return err
 				}
 			} else if err := res.WriteTable(a.stdout); err != nil {
@@ -226,8 +226,8 @@ listens on to stdout and serves until interrupted or --duration passes.`,
 			healthpb.RegisterHealthServer(s, hs)
 			served := make(chan error, 1)
 			go func() { served <- s.Serve(lis) }()
-			if a.json() {
-				err = writeJSONLine(a.stdout, map[string]string{"addr": lis.Addr().String()})
+			if a.structured() {
+				err = a.writeLine(map[string]string{"addr": lis.Addr().String()})
 			} else {
 				_, err = fmt.Fprintln(a.stdout, lis.Addr().String())
 			}

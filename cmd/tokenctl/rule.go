@@ -178,8 +178,8 @@ func parseOverride(s string) (*pb.Override, error) {
 
 // writeRule prints one rule in the chosen format.
 func (a *app) writeRule(r *pb.Rule) error {
-	if a.json() {
-		return writeRuleJSON(a.stdout, r)
+	if a.structured() {
+		return a.write(r)
 	}
 	return writeRuleTable(a.stdout, r)
 }
@@ -209,7 +209,7 @@ func newRuleListCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List every rule, sorted by name",
-		Long:  "List every rule, sorted by name. With -o json: an object whose \"rules\" is the list.",
+		Long:  "List every rule, sorted by name. With -o json or -o yaml: an object whose \"rules\" is the list, which 'rule apply -f' reads back.",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Follow the pages; each page is its own call (with its own
@@ -230,8 +230,8 @@ func newRuleListCmd(a *app) *cobra.Command {
 				}
 				token = next
 			}
-			if a.json() {
-				return writeRulesJSON(a.stdout, rules)
+			if a.structured() {
+				return a.writeRules(rules)
 			}
 			if len(rules) == 0 {
 				a.logf("no rules")
@@ -261,8 +261,8 @@ func newRuleDeleteCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]string{"deleted": args[0]})
+			if a.structured() {
+				return a.write(map[string]string{"deleted": args[0]})
 			}
 			_, err = fmt.Fprintf(a.stdout, "deleted rule %s\n", args[0])
 			return err

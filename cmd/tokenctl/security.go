@@ -268,8 +268,8 @@ func (o *certOptions) write(a *app, name string, certPEM, keyPEM, caPEM []byte) 
 	if o.secret != "" {
 		return writeSecret(a.stdout, o.secret, o.namespace, certPEM, keyPEM, caPEM)
 	}
-	if a.json() {
-		return writeJSON(a.stdout, map[string]string{"cert": certFile, "key": keyFile})
+	if a.structured() {
+		return a.write(map[string]string{"cert": certFile, "key": keyFile})
 	}
 	_, err := fmt.Fprintf(a.stdout, "wrote %s and %s\n", certFile, keyFile)
 	return err
@@ -324,8 +324,8 @@ append the line to the file on every node: they re-read it on change.`,
 			if err != nil {
 				return usagef("%v", err)
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]string{"principal": args[0], "roles": roles.String(), "token": tok, "line": line})
+			if a.structured() {
+				return a.write(map[string]string{"principal": args[0], "roles": roles.String(), "token": tok, "line": line})
 			}
 			_, err = fmt.Fprintf(a.stdout, "token: %s\nline:  %s\n", tok, line)
 			return err

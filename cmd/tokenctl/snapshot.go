@@ -56,8 +56,8 @@ The file is written to a temporary name first and renamed when complete.`,
 			if err := writeFileAtomic(args[0], data); err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]any{"file": args[0], "bytes": len(data)})
+			if a.structured() {
+				return a.write(map[string]any{"file": args[0], "bytes": len(data)})
 			}
 			fmt.Fprintf(a.stdout, "saved %d bytes to %s\n", len(data), args[0])
 			return nil
@@ -97,12 +97,8 @@ start fresh buckets. FILE - reads stdin.`,
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				b, err := protoJSON(resp)
-				if err != nil {
-					return err
-				}
-				return writeJSON(a.stdout, b)
+			if a.structured() {
+				return a.write(resp)
 			}
 			fmt.Fprintf(a.stdout, "restored %d rules at version %d\n", resp.GetRules(), resp.GetVersion())
 			return nil
