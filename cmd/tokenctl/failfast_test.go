@@ -164,6 +164,12 @@ func serveAdmin(t *testing.T, opts ...grpc.ServerOption) string {
 	t.Helper()
 	srv := grpc.NewServer(opts...)
 	pb.RegisterAdminServiceServer(srv, rulesStub{})
+	return serveWith(t, srv)
+}
+
+// serveWith serves srv on 127.0.0.1:0 until the test ends.
+func serveWith(t *testing.T, srv *grpc.Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

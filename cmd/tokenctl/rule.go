@@ -212,23 +212,9 @@ func newRuleListCmd(a *app) *cobra.Command {
 		Long:  "List every rule, sorted by name. With -o json or -o yaml: an object whose \"rules\" is the list, which 'rule apply -f' reads back.",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			// Follow the pages; each page is its own call (with its own
-			// retries), and a page token that repeats ends the loop.
-			var rules []*pb.Rule
-			token := ""
-			for page := 1; ; page++ {
-				resp, err := adminRPC(a, cmd, fmt.Sprintf("list rules (page %d)", page), func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
-					return c.ListRules(ctx, &pb.ListRulesRequest{Local: local, PageToken: token})
-				})
-				if err != nil {
-					return err
-				}
-				rules = append(rules, resp.GetRules()...)
-				next := resp.GetNextPageToken()
-				if next == "" || next == token {
-					break
-				}
-				token = next
+			rules, err := listRules(a, cmd, local)
+			if err != nil {
+				return err
 			}
 			if a.structured() {
 				return a.writeRules(rules)
@@ -242,6 +228,27 @@ func newRuleListCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&local, "local", false, "read the answering node's own copy instead of the leader's")
 	return cmd
+}
+
+// listRules reads every rule, following the pages; each page is its own
+// call (with its own retries), and a page token that repeats ends the loop.
+func listRules(a *app, cmd *cobra.Command, local bool) ([]*pb.Rule, error) {
+	var rules []*pb.Rule
+	token := ""
+	for page := 1; ; page++ {
+		resp, err := adminRPC(a, cmd, fmt.Sprintf("list rules (page %d)", page), func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
+			return c.ListRules(ctx, &pb.ListRulesRequest{Local: local, PageToken: token})
+		})
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, resp.GetRules()...)
+		next := resp.GetNextPageToken()
+		if next == "" || next == token {
+			return rules, nil
+		}
+		token = next
+	}
 }
 
 func newRuleDeleteCmd(a *app) *cobra.Command {
