@@ -195,13 +195,23 @@ func snapshotRuleNames(data []byte) (map[string]bool, error) {
 const snapshotMagic = "TSS\x01"
 
 // writeFileAtomic writes data to a temporary file beside path and renames
-// it, so a failed save never leaves a partial file under path.
+// it, so a failed save never leaves a partial file under path. The file
+// gets mode 0600.
 func writeFileAtomic(path string, data []byte) error {
+	return writeFileAtomicMode(path, data, 0o600)
+}
+
+// writeFileAtomicMode is writeFileAtomic with the file's mode.
+func writeFileAtomicMode(path string, data []byte, mode os.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return err
