@@ -194,8 +194,8 @@ window or lease has passed. A grant is refilled at most once.
 
 When fewer tokens go back than asked, "why" says what that can mean (the
 server does not name the cause).`,
-		Example: `  tokenctl refill api alice --grant 0123456789abcdef
-  tokenctl refill api alice --grant 0123456789abcdef --permits 2`,
+		Example: `  tokenctl refill api alice --grant Al8cCpOyfk0WOpwOL3G4TQUAAAAAAAAAAcR9IemgO29Y
+  tokenctl refill api alice --grant Al8cCpOyfk0WOpwOL3G4TQUAAAAAAAAAAcR9IemgO29Y --permits 2`,
 		Args: argNames("RULE", "KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireFlags(cmd, "grant"); err != nil {
@@ -281,7 +281,7 @@ func newLeaseCmd(a *app) *cobra.Command {
 	renew := &cobra.Command{
 		Use:     "renew RULE KEY --grant ID",
 		Short:   "Extend a concurrency lease by the rule's period",
-		Example: `  tokenctl lease renew jobs worker-1 --grant 0123456789abcdef`,
+		Example: `  tokenctl lease renew jobs worker-1 --grant Al8cCpOyfk0WOpwOL3G4TQUAAAAAAAAAAcR9IemgO29Y`,
 		Args:    argNames("RULE", "KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireFlags(cmd, "grant"); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -9,10 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tokenserver/tokenserver/internal/grant"
 	"github.com/tokenserver/tokenserver/internal/rulefile"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -236,5 +239,33 @@ func writeFileAt(t *testing.T, path, content string) {
 	t.Helper()
 	if err := writeFileAtomic(path, []byte(content)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestExampleGrantIDsWellFormed: every grant id in tokenctl's examples
+// and help is a well-formed grant id (grant.IDLen characters), not a
+// made-up shorter one.
+func TestExampleGrantIDsWellFormed(t *testing.T) {
+	root := newRootCmd(io.Discard, io.Discard)
+	flag := regexp.MustCompile(`--grant ([A-Za-z0-9_-]+)`)
+	seen := 0
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, m := range flag.FindAllStringSubmatch(c.Example+"\n"+c.Long, -1) {
+			if m[1] == "ID" {
+				continue
+			}
+			seen++
+			if _, err := grant.Parse(m[1]); err != nil {
+				t.Errorf("%s: example grant id %q: %v", c.CommandPath(), m[1], err)
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	if seen == 0 {
+		t.Fatal("no example grant ids found; the test looks in the wrong place")
 	}
 }
