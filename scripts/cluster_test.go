@@ -2,6 +2,7 @@
 package scripts
 
 import (
+	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,13 +23,21 @@ func TestClusterStopWaitsThenKills(t *testing.T) {
 	// n0 exits on SIGTERM after a moment (as a node drains); n1 ignores
 	// SIGTERM. exec keeps the recorded pid the one that gets the signals.
 	procs := map[string]string{
-		"n0": `trap 'sleep 0.5; exit 0' TERM; while :; do sleep 0.1; done`,
-		"n1": `trap '' TERM; exec sleep 60`,
+		"n0": `trap 'sleep 0.5; exit 0' TERM; echo ready; while :; do sleep 0.1; done`,
+		"n1": `trap '' TERM; echo ready; exec sleep 60`,
 	}
 	exited := map[string]chan struct{}{}
 	for name, script := range procs {
 		cmd := exec.Command("sh", "-c", script)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The trap is installed once the shell says ready.
+		if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan struct{})
@@ -41,8 +50,6 @@ func TestClusterStopWaitsThenKills(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // let the shells install their traps
-
 	stop := exec.Command("bash", "cluster.sh", "stop")
 	stop.Env = append(os.Environ(), "CLUSTER_DIR="+dir, "CLUSTER_STOP_GRACE=2")
 	start := time.Now()
