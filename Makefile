@@ -2,14 +2,14 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := bin
-# Pinned protobuf generators; `make proto` installs them into $(BIN).
-PROTOC_GEN_GO_VERSION := v1.36.12
-PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+# Generators and linters are pinned by tool directives in tools/go.mod, a
+# module of their own so that their dependencies stay out of the project's.
+TOOL := $(GO) tool -modfile=tools/go.mod
 PROTO_SRC := proto/tokenserver/v1/tokenserver.proto
 # The Raft log and snapshot formats (messages only, no services).
 PROTO_RAFT_SRC := proto/tokenserver/raft/v1/entries.proto
 
-.PHONY: help build run test test-unit test-multiprocess vet bench figures cluster cluster-stop proto proto-check proto-tools lint clean
+.PHONY: help build run test test-unit test-multiprocess vet bench figures cluster cluster-stop proto proto-check proto-tools lint tidy-check vuln clean
 
 help: ## Show the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-18s %s\n", $$1, $$2}'
@@ -45,12 +45,18 @@ cluster: build ## Start a 3-node cluster on 127.0.0.1 (state in .cluster/).
 cluster-stop: ## Stop the cluster that `make cluster` started.
 	bash scripts/cluster.sh stop
 
-lint: vet ## Static checks (go vet, gofmt).
+lint: vet tidy-check ## golangci-lint (depguard import rules, errorlint, staticcheck, revive), go vet, gofmt, go mod tidy.
+	$(TOOL) golangci-lint run ./...
+
+tidy-check: ## Fail if go.mod or go.sum need `go mod tidy`.
+	$(GO) mod tidy -diff
+
+vuln: ## govulncheck (needs its vulnerability database over the network; not part of make test).
+	$(TOOL) govulncheck ./...
 
 proto-tools:
 	@mkdir -p $(BIN)
-	GOBIN=$(CURDIR)/$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
-	GOBIN=$(CURDIR)/$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	$(GO) build -modfile=tools/go.mod -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
 proto: proto-tools ## Regenerate the committed Go code from proto/ (needs protoc).
 	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 type testServer struct {
 	t     testing.TB
 	addr  string
-	store rule.Store
+	store *raftfsm.Node
 	node  *server.Node
 	old   []*server.Node // replaced by restarts
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/filewatch"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // Source is where a principal's identity comes from.
@@ -347,7 +348,7 @@ func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (conte
 // PrincipalHeader carries, on a write a node forwards to another (a
 // follower to the leader), the caller it forwards for. It counts only
 // from a peer.
-const PrincipalHeader = "x-tokenserver-principal"
+const PrincipalHeader = pb.PrincipalHeader
 
 // ForwardContext returns ctx for forwarding the call in it to another node:
 // with PrincipalHeader naming the caller (Actor), so that the leader logs

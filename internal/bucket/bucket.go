@@ -16,6 +16,68 @@
 // and a check for "back at the initial state" (for eviction) together;
 // golang.org/x/time/rate, which the client SDK uses for local fallback, has
 // only the token bucket.
+//
+// # Reserve, commit and debt
+//
+// An Acquire reserves an estimate; Commit settles the grant at what was
+// really used, and Debit charges usage that had no reservation (Envoy's
+// hits_addend on the response path). Used below the reservation gives the
+// difference back exactly as Refill does (clamped, and nothing once the
+// grant's window has passed); used above it charges the extra even past
+// what the bucket holds, and what is charged beyond it is debt, repaid by
+// the algorithm's own refill before anything else is granted:
+//
+//   - TokenBucket: the balance goes below zero and refills at Limit/Period,
+//     so debt d is repaid in d*Period/Limit. With warm-up the overrun pushes
+//     the next free ticket as an acquire of that size would.
+//   - LeakyBucket: the overrun's slots are queued, pushing next out by
+//     overrun*Period/Limit.
+//   - FixedWindow: the count may pass Limit; what a window holds above Limit
+//     is carried into the next window, and so on, so each window boundary
+//     repays Limit.
+//   - SlidingWindow: the overrun fills the window up to Limit and the rest is
+//     debt; each sub-window that leaves the count is charged again, up to the
+//     debt, in the new one, so capacity that frees up repays the debt first
+//     (Limit per Period).
+//   - SlidingLog and Concurrency refuse with ErrNoCommit: a log holds at
+//     most Limit entries and a lease has no cost.
+//
+// Debt survives eviction (Idle is false while anything is owed) and
+// Reconfigure, with two exceptions: a leaky bucket's queue, debt included,
+// is cut to one full request of the new configuration, and turning a token
+// bucket's warm-up on or off restarts it, as they always did.
+//
+// While a key owes, every plain acquire is denied; a shaping request
+// (MaxWait, token and leaky buckets) is granted only behind the debt, with
+// WaitBefore covering its repayment, as Guava's reservations queue.
+// A reservation that is never committed stays charged at its estimate:
+// nothing is given back unless Commit or Refill says so.
+//
+// Over-admission bound: over any window of the algorithm (any interval T for
+// a token bucket, where Burst + T*Limit/Period is the bound without debt; a
+// fixed window; any (K-1)/K*Period interval of a sliding window), what is
+// charged is at most the bound without debt plus the debt outstanding at
+// the end of the window, which is at most the sum of the overruns of the
+// reservations that were in flight together: with one reservation in flight
+// per key, the limit plus the largest single overrun. Debits count as
+// reservations of zero. TestCommitBound checks both forms.
+//
+// # Calendar windows
+//
+// A FixedWindow with Config.Calendar counts per local calendar day, ISO week
+// (Monday to Sunday) or month in Config.Location, so it needs wall time:
+// for such a bucket `now` is read as nanoseconds since the Unix epoch. The
+// caller keeps one clock and makes its origin the Unix epoch (for example
+// start.UnixNano() + time.Since(start)): that clock is still monotonic, and
+// it is wall time as of the process start; a later step of the wall clock
+// moves calendar boundaries by the step until the process restarts, and a
+// clock that jumps backwards counts as the latest time seen, as everywhere.
+// A window runs from the first instant of its first local day to the first
+// instant of the next window's, so a day lasts 23 or 25 hours across DST and
+// a midnight that DST skips starts the day at the transition. The zone
+// arithmetic is the standard library's (time.Date, Time.In); the binary
+// must carry the zone database (import time/tzdata in package main) where
+// the host may lack one.
 package bucket
 
 import (
@@ -126,6 +188,31 @@ type Config struct {
 	SampleCount int64
 	// Warmup, in nanoseconds, turns on TokenBucket warm-up. 0 means none.
 	Warmup int64
+	// Calendar, for FixedWindow only, aligns windows to local calendar days,
+	// ISO weeks or months in Location instead of Period, which is then
+	// ignored (it may be 0); `now` is then Unix nanoseconds (see the
+	// package doc). CalendarNone means Period windows.
+	Calendar Calendar
+	// Location is the time zone of Calendar windows; nil means UTC. It must
+	// be nil without Calendar.
+	Location *time.Location
+}
+
+// Span is the longest one window of c can last: Period, or for calendar
+// windows an upper bound on a local day, week or month (DST and zone
+// changes included). A grant can be given back or committed within Span of
+// being made, at most.
+func (c *Config) Span() int64 {
+	const day = 24 * int64(time.Hour)
+	switch c.Calendar {
+	case CalendarDay:
+		return 2 * day
+	case CalendarWeek:
+		return 8 * day
+	case CalendarMonth:
+		return 32 * day
+	}
+	return c.Period
 }
 
 // Capacity is the most permits one request can ever be granted: Burst (or
@@ -155,7 +242,15 @@ func (c *Config) Validate() error {
 		return &FieldError{Field: "limit", Err: fmt.Errorf("limit must be > 0, got %d", c.Limit)}
 	case c.Limit > MaxLimit:
 		return &FieldError{Field: "limit", Err: fmt.Errorf("limit %d is above the largest supported limit %d (2^53)", c.Limit, int64(MaxLimit))}
-	case c.Period <= 0:
+	case c.Calendar > CalendarMonth:
+		return &FieldError{Field: "calendar", Err: fmt.Errorf("calendar: unknown calendar %d", c.Calendar)}
+	case c.Calendar != CalendarNone && c.Algorithm != FixedWindow:
+		return &FieldError{Field: "calendar", Err: fmt.Errorf("calendar applies to fixed-window only, not %s", c.Algorithm)}
+	case c.Calendar == CalendarNone && c.Location != nil:
+		return &FieldError{Field: "time_zone", Err: fmt.Errorf("time zone %q applies to calendar windows only", c.Location)}
+	case c.Calendar != CalendarNone && c.Period < 0:
+		return &FieldError{Field: "period", Err: fmt.Errorf("period must be >= 0 with a calendar (it is ignored), got %v", time.Duration(c.Period))}
+	case c.Calendar == CalendarNone && c.Period <= 0:
 		return &FieldError{Field: "period", Err: fmt.Errorf("period must be > 0, got %v", time.Duration(c.Period))}
 	case c.Period > MaxDuration:
 		return &FieldError{Field: "period", Err: fmt.Errorf("period %v is above the longest supported duration %v (10 years)", time.Duration(c.Period), time.Duration(MaxDuration))}
@@ -191,7 +286,7 @@ func (c *Config) Validate() error {
 // is Err's, which names the field.
 type FieldError struct {
 	// Field is the field as tokenserver.v1.Rule names it: algorithm,
-	// limit, period, burst, sample_count or warmup.
+	// limit, period, burst, sample_count, warmup, calendar or time_zone.
 	Field string
 	// Err says what is wrong.
 	Err error
@@ -206,6 +301,11 @@ func (e *FieldError) Unwrap() error { return e.Err }
 var (
 	// ErrUnknownAlgorithm means the Config names no algorithm this package has.
 	ErrUnknownAlgorithm = errors.New("unknown algorithm")
+	// ErrNoCommit means the algorithm takes no Commit or Debit (SlidingLog,
+	// Concurrency); see OffersCommit.
+	ErrNoCommit = errors.New("algorithm takes no commit or debit")
+	// ErrNegativeUsage means Commit was given used < 0 or Debit n < 0.
+	ErrNegativeUsage = errors.New("usage must be >= 0")
 )
 
 // Request is one acquire.
@@ -246,8 +346,9 @@ type Result struct {
 	WaitBefore int64
 }
 
-// Grant describes an earlier grant being given back; the caller keeps it
-// (internal/shard encodes it into the grant id).
+// Grant describes an earlier grant being given back or committed; the
+// caller keeps it (internal/shard encodes it into the grant id). For
+// Commit, Permits is the reservation.
 type Grant struct {
 	// IssuedAt is the `now` of the Acquire that made the grant.
 	IssuedAt int64
@@ -279,9 +380,46 @@ type Bucket interface {
 	// keeping its state clamped to the new capacity.
 	Reconfigure(old, new *Config, now int64)
 	// Idle reports whether the bucket is back at its initial state (a full
-	// token bucket, an empty window, no live leases), so that dropping it and
-	// making a new one later changes no decision.
+	// token bucket, an empty window, no live leases, nothing owed), so that
+	// dropping it and making a new one later changes no decision.
 	Idle(c *Config, now int64) bool
+	// Commit settles grant g, which reserved g.Permits, at used permits:
+	// below g.Permits it gives the difference back as Refill does (so the
+	// caller commits each grant at most once, and never after refilling
+	// it); above, it charges the difference even past zero (debt, see the
+	// package doc). It fails with ErrNegativeUsage for used < 0 and
+	// ErrNoCommit for SlidingLog and Concurrency, changing nothing.
+	Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error)
+	// Debit charges n permits that had no reservation, even past zero, as
+	// Commit charges an overrun. Errors as Commit.
+	Debit(c *Config, now int64, n int64) (CommitResult, error)
+}
+
+// CommitResult is the answer to Commit and Debit. Durations are in
+// nanoseconds.
+type CommitResult struct {
+	// Returned is how many permits went back (used below the reservation).
+	Returned int64
+	// Debited is how many permits were charged beyond the reservation
+	// (all of them for Debit): never refused.
+	Debited int64
+	// Remaining is what a peek would answer now.
+	Remaining int64
+	// Debt is how many permits the key owes beyond what it may hold:
+	// TokenBucket the balance below zero (including permits reserved ahead
+	// with MaxWait), with warm-up the next free ticket ahead of now in
+	// stable intervals; LeakyBucket the slots queued after now; FixedWindow
+	// the count above Limit; SlidingWindow what did not fit in the window.
+	Debt int64
+	// RetryAfter is the retry_after a plain one-permit acquire would get
+	// now: 0 when it would pass.
+	RetryAfter int64
+}
+
+// OffersCommit reports whether algorithm a takes Commit and Debit: token
+// bucket, leaky bucket, fixed window and sliding window.
+func OffersCommit(a Algorithm) bool {
+	return a == TokenBucket || a == LeakyBucket || a == FixedWindow || a == SlidingWindow
 }
 
 // New returns a bucket in its initial state for c (full, empty, or cold for

@@ -1,11 +1,13 @@
 package bucket
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
+	_ "time/tzdata" // calendar tests name zones; do not depend on the host's
 	"unsafe"
 )
 
@@ -24,6 +26,8 @@ const (
 	opRenew                     // Renew(g) == ok
 	opIdle                      // Idle() == ok
 	opReconfigure               // Reconfigure(current, cfg)
+	opCommit                    // Commit(g, used) == commit
+	opDebit                     // Debit(permits) == commit
 )
 
 // step is one call at time at, in the style of x/time/rate's allow tables.
@@ -37,6 +41,7 @@ type step struct {
 	n       int64
 	ok      bool
 	cfg     *Config
+	commit  CommitResult
 }
 
 // run plays steps against a new bucket for c, made at time 0.
@@ -70,6 +75,14 @@ func run(t *testing.T, c *Config, steps []step) {
 			}
 			b.Reconfigure(c, s.cfg, s.at)
 			c = s.cfg
+		case opCommit:
+			if got, err := b.Commit(c, s.at, s.g, s.permits); err != nil || got != s.commit {
+				t.Errorf("step %d: at %v Commit(%+v, %d)\n got %+v, %v\nwant %+v", i, time.Duration(s.at), s.g, s.permits, got, err, s.commit)
+			}
+		case opDebit:
+			if got, err := b.Debit(c, s.at, s.permits); err != nil || got != s.commit {
+				t.Errorf("step %d: at %v Debit(%d)\n got %+v, %v\nwant %+v", i, time.Duration(s.at), s.permits, got, err, s.commit)
+			}
 		}
 	}
 }
@@ -90,6 +103,29 @@ func renew(at int64, g Grant, ok bool) step { return step{at: at, op: opRenew, g
 func idle(at int64, ok bool) step { return step{at: at, op: opIdle, ok: ok} }
 
 func reconfigure(at int64, c *Config) step { return step{at: at, op: opReconfigure, cfg: c} }
+
+func commitStep(at int64, g Grant, used int64, want CommitResult) step {
+	return step{at: at, op: opCommit, g: g, permits: used, commit: want}
+}
+
+func debitStep(at, n int64, want CommitResult) step {
+	return step{at: at, op: opDebit, permits: n, commit: want}
+}
+
+// mustZone loads an IANA zone from the embedded database.
+func mustZone(name string) *time.Location {
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		panic(fmt.Sprintf("load zone %s: %v", name, err))
+	}
+	return loc
+}
+
+// wall is a wall-clock time in loc as Unix nanoseconds, the `now` of a
+// calendar bucket.
+func wall(loc *time.Location, y int, m time.Month, d, h, min int) int64 {
+	return time.Date(y, m, d, h, min, 0, 0, loc).UnixNano()
+}
 
 // clone deep-copies a bucket, so a test can look ahead without touching it.
 func clone(b Bucket) Bucket {
@@ -124,20 +160,25 @@ func clone(b Bucket) Bucket {
 type suiteCase struct {
 	name   string
 	c, alt Config
+	start  int64 // the first now; 0 means 1000s
 }
 
 var suite = []suiteCase{
-	{"token-bucket", Config{Algorithm: TokenBucket, Limit: 5, Period: sec, Burst: 8}, Config{Algorithm: TokenBucket, Limit: 3, Period: 2 * sec, Burst: 2}},
-	{"token-bucket-odd-rate", Config{Algorithm: TokenBucket, Limit: 7, Period: 3 * sec, Burst: 4}, Config{Algorithm: TokenBucket, Limit: 7, Period: 3 * sec, Burst: 10}},
-	{"token-bucket-warmup", Config{Algorithm: TokenBucket, Limit: 10, Period: sec, Warmup: 5 * sec}, Config{Algorithm: TokenBucket, Limit: 20, Period: sec, Burst: 5, Warmup: 2 * sec}},
-	{"token-bucket-warmup-switch", Config{Algorithm: TokenBucket, Limit: 4, Period: sec, Warmup: 3 * sec}, Config{Algorithm: TokenBucket, Limit: 4, Period: sec}},
-	{"leaky-bucket", Config{Algorithm: LeakyBucket, Limit: 5, Period: sec, Burst: 3}, Config{Algorithm: LeakyBucket, Limit: 10, Period: sec}},
-	{"leaky-bucket-odd-rate", Config{Algorithm: LeakyBucket, Limit: 7, Period: sec}, Config{Algorithm: LeakyBucket, Limit: 3, Period: 700 * ms, Burst: 2}},
-	{"fixed-window", Config{Algorithm: FixedWindow, Limit: 5, Period: sec}, Config{Algorithm: FixedWindow, Limit: 3, Period: 700 * ms}},
-	{"sliding-window-1", Config{Algorithm: SlidingWindow, Limit: 5, Period: sec, SampleCount: 1}, Config{Algorithm: SlidingWindow, Limit: 5, Period: sec, SampleCount: 4}},
-	{"sliding-window-4", Config{Algorithm: SlidingWindow, Limit: 5, Period: sec, SampleCount: 4}, Config{Algorithm: SlidingWindow, Limit: 8, Period: 2 * sec, SampleCount: 10}},
-	{"sliding-log", Config{Algorithm: SlidingLog, Limit: 5, Period: sec}, Config{Algorithm: SlidingLog, Limit: 2, Period: 1500 * ms}},
-	{"concurrency", Config{Algorithm: Concurrency, Limit: 3, Period: sec}, Config{Algorithm: Concurrency, Limit: 5, Period: 300 * ms}},
+	{"token-bucket", Config{Algorithm: TokenBucket, Limit: 5, Period: sec, Burst: 8}, Config{Algorithm: TokenBucket, Limit: 3, Period: 2 * sec, Burst: 2}, 0},
+	{"token-bucket-odd-rate", Config{Algorithm: TokenBucket, Limit: 7, Period: 3 * sec, Burst: 4}, Config{Algorithm: TokenBucket, Limit: 7, Period: 3 * sec, Burst: 10}, 0},
+	{"token-bucket-warmup", Config{Algorithm: TokenBucket, Limit: 10, Period: sec, Warmup: 5 * sec}, Config{Algorithm: TokenBucket, Limit: 20, Period: sec, Burst: 5, Warmup: 2 * sec}, 0},
+	{"token-bucket-warmup-switch", Config{Algorithm: TokenBucket, Limit: 4, Period: sec, Warmup: 3 * sec}, Config{Algorithm: TokenBucket, Limit: 4, Period: sec}, 0},
+	{"leaky-bucket", Config{Algorithm: LeakyBucket, Limit: 5, Period: sec, Burst: 3}, Config{Algorithm: LeakyBucket, Limit: 10, Period: sec}, 0},
+	{"leaky-bucket-odd-rate", Config{Algorithm: LeakyBucket, Limit: 7, Period: sec}, Config{Algorithm: LeakyBucket, Limit: 3, Period: 700 * ms, Burst: 2}, 0},
+	{"fixed-window", Config{Algorithm: FixedWindow, Limit: 5, Period: sec}, Config{Algorithm: FixedWindow, Limit: 3, Period: 700 * ms}, 0},
+	{"sliding-window-1", Config{Algorithm: SlidingWindow, Limit: 5, Period: sec, SampleCount: 1}, Config{Algorithm: SlidingWindow, Limit: 5, Period: sec, SampleCount: 4}, 0},
+	{"sliding-window-4", Config{Algorithm: SlidingWindow, Limit: 5, Period: sec, SampleCount: 4}, Config{Algorithm: SlidingWindow, Limit: 8, Period: 2 * sec, SampleCount: 10}, 0},
+	{"sliding-log", Config{Algorithm: SlidingLog, Limit: 5, Period: sec}, Config{Algorithm: SlidingLog, Limit: 2, Period: 1500 * ms}, 0},
+	{"concurrency", Config{Algorithm: Concurrency, Limit: 3, Period: sec}, Config{Algorithm: Concurrency, Limit: 5, Period: 300 * ms}, 0},
+	{"fixed-window-day-berlin", Config{Algorithm: FixedWindow, Limit: 5, Calendar: CalendarDay, Location: mustZone("Europe/Berlin")},
+		Config{Algorithm: FixedWindow, Limit: 3, Calendar: CalendarMonth, Location: mustZone("Europe/Berlin")}, wall(mustZone("Europe/Berlin"), 2024, 3, 29, 12, 0)},
+	{"fixed-window-week-to-period", Config{Algorithm: FixedWindow, Limit: 4, Calendar: CalendarWeek, Location: mustZone("America/New_York")},
+		Config{Algorithm: FixedWindow, Limit: 6, Period: 36 * int64(time.Hour)}, wall(mustZone("America/New_York"), 2024, 10, 30, 0, 0)},
 }
 
 // invOp is one random operation of the invariant suite.
@@ -160,24 +201,29 @@ func decodeOps(c *Config, data []byte) []invOp {
 		switch k := b0 % 32; {
 		case k < 20:
 			o.kind = opAcquire
+		case k < 25 && b0 >= 160:
+			o.kind = opCommit
 		case k < 25:
 			o.kind = opRefill
 		case k < 27:
 			o.kind = opRenew
 		case k < 28:
 			o.kind = opReconfigure
+		case b0 >= 192:
+			o.kind = opDebit
 		default:
 			o.kind = opIdle
 		}
 		v := int64(b1 & 63)
+		span := c.Span()
 		switch b1 >> 6 {
 		case 0: // around the interval between permits
-			o.dt = v * c.Period / (c.Limit * 16)
+			o.dt = v * span / (c.Limit * 16)
 		case 1: // up to two periods
-			o.dt = v * c.Period / 32
+			o.dt = v * span / 32
 		case 2: // none, or the clock jumps back
 			if v >= 32 {
-				o.dt = -v * c.Period / 128
+				o.dt = -v * span / 128
 			}
 		case 3: // a few nanoseconds
 			o.dt = v % 4
@@ -187,7 +233,7 @@ func decodeOps(c *Config, data []byte) []invOp {
 			o.permits = 1
 		}
 		o.partial = b3&1 != 0
-		if b3&2 != 0 {
+		if b3&2 != 0 && c.Calendar == CalendarNone {
 			o.maxWait = c.Period * int64(b3>>2) / 63
 		}
 		o.pick = int(b3)
@@ -196,8 +242,11 @@ func decodeOps(c *Config, data []byte) []invOp {
 	return ops
 }
 
-// longIdle is more than any bucket of the suite needs to become idle.
-func longIdle(c *Config) int64 { return 20*c.Period + 2*c.Warmup }
+// longIdle is more than any bucket of the suite needs to become idle
+// having been charged at most debited permits beyond its grants.
+func longIdle(c *Config, debited int64) int64 {
+	return 20*c.Span() + 2*c.Warmup + (3*debited/c.Limit+2)*c.Span()
+}
 
 // checkInvariants plays ops against a new bucket and checks, after every
 // step, the properties all algorithms share.
@@ -207,7 +256,11 @@ func checkInvariants(t testing.TB, sc suiteCase, ops []invOp) {
 	ci := 0
 	c := &cfgs[ci]
 	now := 1000 * sec
+	if sc.start != 0 {
+		now = sc.start
+	}
 	seen := now
+	var debited int64 // all Debited so far, to bound the time debt lasts
 	b := New(c, now)
 	if !b.Idle(c, now) {
 		t.Fatalf("%s: a new bucket is not idle", sc.name)
@@ -220,6 +273,7 @@ func checkInvariants(t testing.TB, sc suiteCase, ops []invOp) {
 		// seen is the latest time the bucket was given: durations in its
 		// answers count from there.
 		if o.kind == opAcquire || o.kind == opReconfigure || (o.kind == opRefill && len(grants) > 0) ||
+			(o.kind == opDebit && OffersCommit(c.Algorithm)) || (o.kind == opCommit && len(grants) > 0 && OffersCommit(c.Algorithm)) ||
 			(o.kind == opRenew && len(grants) > 0 && c.Algorithm == Concurrency) {
 			seen = max(seen, now)
 		}
@@ -295,6 +349,52 @@ func checkInvariants(t testing.TB, sc suiteCase, ops []invOp) {
 			if p := clone(b).Acquire(c, now, Request{}); p.Remaining > capacity {
 				t.Fatalf("%s: op %d: remaining %d above capacity %d after Refill(%+v, %d)", sc.name, i, p.Remaining, capacity, g, o.permits)
 			}
+		case opCommit, opDebit:
+			var res CommitResult
+			var err error
+			var reserved, used int64
+			before := clone(b)
+			if o.kind == opCommit {
+				if len(grants) == 0 {
+					continue
+				}
+				j := o.pick % len(grants)
+				g := grants[j]
+				grants = slices.Delete(grants, j, j+1) // each grant is settled at most once
+				reserved, used = g.Permits, o.permits%(2*g.Permits+1)
+				res, err = b.Commit(c, now, g, used)
+			} else {
+				used = o.permits
+				res, err = b.Debit(c, now, used)
+			}
+			where := fmt.Sprintf("%s: op %d: at %d (seen %d) commit of %d reserved %d = %+v", sc.name, i, now, seen, used, reserved, res)
+			if !OffersCommit(c.Algorithm) {
+				if !errors.Is(err, ErrNoCommit) {
+					t.Fatalf("%s: err %v, want ErrNoCommit", where, err)
+				}
+				if p0, p1 := before.Acquire(c, now, Request{}), clone(b).Acquire(c, now, Request{}); p0 != p1 {
+					t.Fatalf("%s: a refused commit changed the state: peek %+v before, %+v after", where, p0, p1)
+				}
+				continue
+			}
+			debited += res.Debited
+			one := clone(b).Acquire(c, now, Request{Permits: 1})
+			switch {
+			case err != nil:
+				t.Fatalf("%s: %v", where, err)
+			case res.Returned < 0 || res.Returned > max(0, reserved-used):
+				t.Fatalf("%s: returned outside [0, reserved-used]", where)
+			case res.Debited != max(0, used-reserved):
+				t.Fatalf("%s: debited %d, want %d", where, res.Debited, max(0, used-reserved))
+			case res.Remaining < 0 || res.Remaining > capacity || res.Debt < 0 || res.RetryAfter < 0:
+				t.Fatalf("%s: a field out of range (capacity %d)", where, capacity)
+			case res.Remaining != clone(b).Acquire(c, now, Request{}).Remaining:
+				t.Fatalf("%s: remaining disagrees with a peek", where)
+			case one.RetryAfter != res.RetryAfter || one.Allowed != (res.RetryAfter == 0):
+				t.Fatalf("%s: retry_after disagrees with a one-permit acquire %+v", where, one)
+			case res.Debt > 0 && (res.Remaining != 0 || b.Idle(c, seen)):
+				t.Fatalf("%s: in debt yet idle or with permits remaining", where)
+			}
 		case opRenew:
 			if len(grants) == 0 {
 				continue
@@ -312,10 +412,10 @@ func checkInvariants(t testing.TB, sc suiteCase, ops []invOp) {
 				t.Fatalf("%s: op %d: remaining %d above capacity %d after Reconfigure", sc.name, i, p.Remaining, c.Capacity())
 			}
 		case opIdle:
-			later := seen + longIdle(c)
+			later := seen + longIdle(c, debited)
 			x := clone(b)
 			if !x.Idle(c, later) {
-				t.Fatalf("%s: op %d: not idle after %v without requests", sc.name, i, time.Duration(longIdle(c)))
+				t.Fatalf("%s: op %d: not idle after %v without requests", sc.name, i, time.Duration(longIdle(c, debited)))
 			}
 		}
 		// An idle bucket must answer exactly as a new one would.
@@ -327,8 +427,8 @@ func checkInvariants(t testing.TB, sc suiteCase, ops []invOp) {
 			}
 		}
 	}
-	if !b.Idle(c, seen+longIdle(c)) {
-		t.Fatalf("%s: not idle after %v without requests", sc.name, time.Duration(longIdle(c)))
+	if !b.Idle(c, seen+longIdle(c, debited)) {
+		t.Fatalf("%s: not idle after %v without requests", sc.name, time.Duration(longIdle(c, debited)))
 	}
 }
 

@@ -141,3 +141,14 @@ func (q *concurrency) Idle(_ *Config, now int64) bool {
 	n := len(q.leases)
 	return n == 0 || q.leases[n-1].expires <= max(now, q.last)
 }
+
+// Commit implements Bucket: leases have no cost to settle (ErrNoCommit);
+// Refill ends a lease.
+func (q *concurrency) Commit(*Config, int64, Grant, int64) (CommitResult, error) {
+	return noCommit(Concurrency)
+}
+
+// Debit implements Bucket: ErrNoCommit, as Commit.
+func (q *concurrency) Debit(*Config, int64, int64) (CommitResult, error) {
+	return noCommit(Concurrency)
+}

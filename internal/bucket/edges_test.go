@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"time"
 )
 
 // TestIntegerEdges runs every algorithm at the edges of what Validate
@@ -63,4 +64,46 @@ func TestIntegerEdges(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestDebtEdges charges absurd overruns (up to MaxInt64 permits) to every
+// algorithm that takes commits, at limits 1 and 2^53: durations saturate
+// instead of wrapping, and nothing leaves its range.
+func TestDebtEdges(t *testing.T) {
+	var cfgs []Config
+	for _, c := range commitConfigs() {
+		for _, l := range []int64{1, MaxLimit} {
+			c.Limit, c.Burst = l, 0
+			if c.Validate() == nil {
+				cfgs = append(cfgs, c)
+			}
+		}
+	}
+	cfgs = append(cfgs, Config{Algorithm: FixedWindow, Limit: 1, Calendar: CalendarMonth, Location: mustZone("Pacific/Apia")})
+	for _, c := range cfgs {
+		now := wall(time.UTC, 2024, 1, 1, 0, 0)
+		for _, n := range []int64{1, MaxLimit, math.MaxInt64 / 2, math.MaxInt64} {
+			b := New(&c, now)
+			g := b.Acquire(&c, now, Request{Permits: 1})
+			for i, res := range []CommitResult{
+				must(b.Commit(&c, now, Grant{IssuedAt: now, Permits: g.Granted}, n)),
+				must(b.Debit(&c, now+1, n)),
+			} {
+				if res.Remaining < 0 || res.Remaining > c.Capacity() || res.Debt < 0 || res.RetryAfter < 0 || res.RetryAfter > maxDur {
+					t.Fatalf("%s/%s limit %d: charge %d, call %d: %+v", c.Algorithm, c.Calendar, c.Limit, n, i, res)
+				}
+			}
+			r := b.Acquire(&c, now+2, Request{Permits: 1})
+			if r.Allowed && n > 1 || r.RetryAfter < 0 || r.ResetAfter < 0 || r.RetryAfter > maxDur || r.ResetAfter > maxDur {
+				t.Fatalf("%s/%s limit %d: after charging %d twice: %+v", c.Algorithm, c.Calendar, c.Limit, n, r)
+			}
+		}
+	}
+}
+
+func must(res CommitResult, err error) CommitResult {
+	if err != nil {
+		panic(err)
+	}
+	return res
 }

@@ -62,7 +62,10 @@ func (b *leakyBucket) Refill(c *Config, now int64, g Grant, permits int64) int64
 		return 0
 	}
 	interval := c.Period / c.Limit
-	j := min(k, (b.next-floor)/interval)
+	j := k
+	if queued := b.next - floor; mulSat(k, interval) > queued {
+		j = queued / interval
+	}
 	b.next -= j * interval
 	return j
 }
@@ -81,4 +84,76 @@ func (b *leakyBucket) Reconfigure(_, cfg *Config, now int64) {
 // Idle implements Bucket: no permit is queued.
 func (b *leakyBucket) Idle(_ *Config, now int64) bool {
 	return b.next <= max(now, b.last)
+}
+
+// Commit implements Bucket. It is Refill, charge and owed fused, so that
+// the interval is divided out once.
+func (b *leakyBucket) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
+	giveBack, charge, err := split(g, used)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	now = max(now, b.last)
+	b.last = now
+	interval := c.Period / c.Limit
+	var res CommitResult
+	if giveBack > 0 { // as Refill
+		if queued := b.next - max(now, g.IssuedAt); queued > 0 {
+			j := giveBack
+			if mulSat(j, interval) > queued {
+				j = queued / interval
+			}
+			b.next -= j * interval
+			res.Returned = j
+		}
+	} else if charge > 0 { // as charge
+		b.next = min(addSat(max(b.next, now), mulSat(charge, interval)), addSat(now, maxDur))
+		res.Debited = charge
+	}
+	if ahead := b.next - now; ahead > 0 { // as owed
+		res.RetryAfter = ahead
+		res.Debt = 1
+		if ahead > interval {
+			res.Debt = (ahead-1)/interval + 1
+		}
+	} else {
+		res.Remaining = c.Capacity()
+	}
+	return res, nil
+}
+
+// Debit implements Bucket.
+func (b *leakyBucket) Debit(c *Config, now int64, n int64) (CommitResult, error) {
+	if n < 0 {
+		return CommitResult{}, negativeUsage("debit", n)
+	}
+	if n > 0 {
+		b.charge(c, now, n)
+	}
+	res := b.owed(c, now)
+	res.Debited = n
+	return res, nil
+}
+
+// charge queues n more slots after the last one (or now).
+func (b *leakyBucket) charge(c *Config, now, n int64) {
+	now = max(now, b.last)
+	b.last = now
+	b.next = min(addSat(max(b.next, now), mulSat(n, c.Period/c.Limit)), addSat(now, maxDur))
+}
+
+func (b *leakyBucket) owed(c *Config, now int64) CommitResult {
+	now = max(now, b.last)
+	b.last = now
+	var res CommitResult
+	if ahead := b.next - now; ahead > 0 {
+		res.RetryAfter = ahead
+		res.Debt = 1
+		if interval := c.Period / c.Limit; ahead > interval {
+			res.Debt = (ahead-1)/interval + 1
+		}
+	} else {
+		res.Remaining = c.Capacity()
+	}
+	return res
 }

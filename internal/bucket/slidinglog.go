@@ -155,3 +155,14 @@ func (l *slidingLog) Reconfigure(_, cfg *Config, now int64) {
 func (l *slidingLog) Idle(c *Config, now int64) bool {
 	return l.size == 0 || max(now, l.last)-l.at(l.size-1).t >= c.Period
 }
+
+// Commit implements Bucket: a log takes no commits (ErrNoCommit), since it
+// holds at most Limit entries and could not record debt.
+func (l *slidingLog) Commit(*Config, int64, Grant, int64) (CommitResult, error) {
+	return noCommit(SlidingLog)
+}
+
+// Debit implements Bucket: ErrNoCommit, as Commit.
+func (l *slidingLog) Debit(*Config, int64, int64) (CommitResult, error) {
+	return noCommit(SlidingLog)
+}

@@ -284,7 +284,7 @@ func (b *tokenBucket) resultWarm(c *Config, w warmup, now int64, res Result) Res
 			return s+float64(x)/w.coolDown >= w.maxPermits
 		})
 	}
-	res.ResetAfter = d
+	res.ResetAfter = min(d, maxDur) // past maxDur only with absurd debt
 	return res
 }
 
@@ -308,4 +308,79 @@ func (b *tokenBucket) refillWarm(c *Config, now int64, g Grant, k int64) int64 {
 	}
 	b.next = max(floor, b.next-ceilNs(float64(j)*w.stable-1e-6))
 	return j
+}
+
+// Commit implements Bucket.
+func (b *tokenBucket) Commit(c *Config, now int64, g Grant, used int64) (CommitResult, error) {
+	giveBack, charge, err := split(g, used)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	var returned int64
+	if giveBack > 0 {
+		returned = b.Refill(c, now, g, giveBack)
+	} else if charge > 0 {
+		b.charge(c, now, charge)
+	}
+	res := b.owed(c, now)
+	res.Returned, res.Debited = returned, charge
+	return res, nil
+}
+
+// Debit implements Bucket.
+func (b *tokenBucket) Debit(c *Config, now int64, n int64) (CommitResult, error) {
+	if n < 0 {
+		return CommitResult{}, negativeUsage("debit", n)
+	}
+	if n > 0 {
+		b.charge(c, now, n)
+	}
+	res := b.owed(c, now)
+	res.Debited = n
+	return res, nil
+}
+
+// charge takes n tokens even below zero; with warm-up it pushes the next
+// ticket as an acquire of n would.
+func (b *tokenBucket) charge(c *Config, now, n int64) {
+	if c.Warmup > 0 {
+		now = max(now, b.last)
+		b.last = now
+		w := warmupOf(c)
+		b.resync(w, now)
+		fn := float64(n)
+		b.next = min(addSat(max(b.next, now), ceilNs(w.cost(b.tokens, fn)-1e-6)), addSat(now, maxDur))
+		b.tokens = max(0, b.tokens-fn)
+		return
+	}
+	b.advance(c, now)
+	b.tokens -= float64(n)
+}
+
+func (b *tokenBucket) owed(c *Config, now int64) CommitResult {
+	var res CommitResult
+	if c.Warmup > 0 {
+		now = max(now, b.last)
+		b.last = now
+		if ahead := b.next - now; ahead > 0 {
+			res.RetryAfter = ahead
+			res.Debt = ceilNs(float64(ahead)/warmupOf(c).stable - 1e-6)
+		} else {
+			res.Remaining = c.Capacity()
+		}
+		return res
+	}
+	b.advance(c, now)
+	t := b.tokens
+	eps := tokenEps(c)
+	res.Remaining = max(0, min(c.Capacity(), int64(math.Floor(min(max(t, 0)+eps, float64(c.Capacity()))))))
+	if t < -eps {
+		res.Debt = ceilNs(-t - eps)
+	}
+	if t-1 < -eps {
+		res.RetryAfter = minTrue(timeFor(c, 1-t), func(w int64) bool {
+			return min(float64(c.Capacity()), t+refillIn(c, w))-1 >= -eps
+		})
+	}
+	return res
 }

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -148,14 +149,10 @@ func (c *Config) FastTimeouts() {
 	c.CommitTimeout = 20 * time.Millisecond
 }
 
-// maxRules is the rule cap a write carries: MaxRules, else (until
-// internal/server sets MaxRules and the global goes) the deprecated
-// process-wide rule.MaxRules, whose default is rule.DefaultMaxRules.
+// maxRules is the rule cap a write carries: MaxRules, else
+// rule.DefaultMaxRules.
 func (c *Config) maxRules() int {
-	if c.MaxRules > 0 {
-		return c.MaxRules
-	}
-	return rule.MaxRules() //nolint:staticcheck // deprecated on purpose; see above
+	return cmp.Or(c.MaxRules, rule.DefaultMaxRules)
 }
 
 // Validate reports the first problem with c, naming the field.

@@ -35,7 +35,7 @@ func FuzzRuleJSON(f *testing.F) {
 				t.Fatalf("accepted a key that is not UTF-8: %q", k)
 			}
 		}
-		Compile(&r, nil)
+		Compile(&r)
 	})
 }
 

@@ -1,7 +1,6 @@
 package rule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -112,7 +111,7 @@ func FuzzValidate(f *testing.F) {
 			}
 			return
 		}
-		c := Compile(r, nil)
+		c := Compile(r)
 		for _, key := range []string{"x", okey} {
 			if key == "" {
 				continue
@@ -124,79 +123,10 @@ func FuzzValidate(f *testing.F) {
 	})
 }
 
-// TestMemStore: the store over a Set validates at its edge, numbers its
-// successful writes as versions and publishes a table per write.
-func TestMemStore(t *testing.T) {
-	ctx := context.Background()
-	s := NewMemStore()
-	u := func(v uint64) *uint64 { return &v }
-
-	t0 := s.Table()
-	r1, err := s.Put(ctx, valid(), u(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r1.Version != 1 || r1.Generation != 1 {
-		t.Fatalf("first put: version %d generation %d, want 1 1", r1.Version, r1.Generation)
-	}
-	select {
-	case <-t0.Changed():
-	default:
-		t.Fatal("the old table was not marked changed")
-	}
-	if _, err := s.Put(ctx, valid(), u(0)); !errors.Is(err, ErrVersionMismatch) {
-		t.Fatalf("create over an existing rule: %v, want ErrVersionMismatch", err)
-	}
-	r := valid()
-	r.Limit = 20
-	r2, err := s.Put(ctx, r, u(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r2.Version != 2 || r2.Generation != 1 {
-		t.Fatalf("update: version %d generation %d, want 2 1 (same algorithm keeps the generation)", r2.Version, r2.Generation)
-	}
-	if s.Table().Get("api").Rule.Limit != 20 {
-		t.Fatal("table not updated")
-	}
-	r.Algorithm = bucket.FixedWindow
-	r3, err := s.Put(ctx, r, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r3.Generation != 3 {
-		t.Fatalf("algorithm change: generation %d, want 3", r3.Generation)
-	}
-	bad := valid()
-	bad.Limit = -1
-	if _, err := s.Put(ctx, bad, nil); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("bad rule: %v", err)
-	}
-	if got, _ := s.Get(ctx, "api"); got.Version != 3 || got.Limit != 20 {
-		t.Fatalf("bad put changed state: %+v", got)
-	}
-	if err := s.Delete(ctx, "api", u(2)); !errors.Is(err, ErrVersionMismatch) {
-		t.Fatalf("stale delete: %v", err)
-	}
-	if err := s.Delete(ctx, "api", u(3)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Get(ctx, "api"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("get deleted: %v", err)
-	}
-	if err := s.Delete(ctx, "api", nil); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("delete missing: %v", err)
-	}
-	r4, _ := s.Put(ctx, valid(), nil)
-	if r4.Generation != 5 {
-		t.Fatalf("re-created rule: generation %d, want 5 (a new generation)", r4.Generation)
-	}
-}
-
 func TestConfigForOverride(t *testing.T) {
 	r := valid()
 	r.Overrides = []Override{{Key: "vip", Limit: 100}, {Key: "big", Limit: 5, Burst: 50}}
-	c := Compile(r, nil)
+	c := Compile(r)
 	if got := c.ConfigFor("vip"); got.Limit != 100 || got.Capacity() != 100 {
 		t.Fatalf("vip config %+v", got)
 	}

@@ -23,9 +23,6 @@ type Compiled struct {
 	Config bucket.Config
 	// MaxKeys is Rule.EffectiveMaxKeys().
 	MaxKeys int64
-	// Stats counts the rule's decisions on this node; it is shared by every
-	// version of the rule of that name.
-	Stats *Stats
 
 	// next is the version that replaced this one (or deleted when the
 	// rule was deleted); nil while this version is current.
@@ -36,13 +33,9 @@ type Compiled struct {
 	allow     map[string]struct{}
 }
 
-// Compile prepares r (which must be valid) for the data plane. prev, when
-// it is the same rule's previous version, lends its Stats.
-func Compile(r *Rule, prev *Compiled) *Compiled {
-	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys(), Stats: new(Stats)}
-	if prev != nil && prev.Stats != nil {
-		c.Stats = prev.Stats
-	}
+// Compile prepares r (which must be valid) for the data plane.
+func Compile(r *Rule) *Compiled {
+	c := &Compiled{Rule: r, Config: r.Config(), MaxKeys: r.EffectiveMaxKeys()}
 	if len(r.Overrides) > 0 {
 		c.overrides = make(map[string]*bucket.Config, len(r.Overrides))
 		for _, o := range r.Overrides {
@@ -99,13 +92,6 @@ func (c *Compiled) successor() *Compiled {
 // in flight; it is ErrNotFound.
 func ErrDeleted(name string) error {
 	return fmt.Errorf("rule %q was deleted: %w", name, ErrNotFound)
-}
-
-// Stats counts decisions; the server exports them as metrics.
-type Stats struct {
-	Allowed      atomic.Int64
-	Denied       atomic.Int64
-	ShadowDenied atomic.Int64
 }
 
 // ConfigFor returns the bucket configuration that applies to key: its
@@ -209,7 +195,7 @@ func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 	var owned [tableShards]bool
 	if prev == nil {
 		for _, r := range rules {
-			t.put(Compile(r, nil), &owned)
+			t.put(Compile(r), &owned)
 		}
 		return t
 	}
@@ -220,7 +206,7 @@ func NewTable(v uint64, rules []*Rule, prev *Table) *Table {
 		if p != nil && (p.Rule == r || p.Rule.Version == r.Version && p.Rule.Generation == r.Generation && r.Version != 0) {
 			continue
 		}
-		c := Compile(r, p)
+		c := Compile(r)
 		t.put(c, &owned)
 		if p != nil {
 			p.next.Store(c)
@@ -257,7 +243,7 @@ func (t *Table) With(v uint64, r *Rule, del string) *Table {
 	var owned [tableShards]bool
 	if r != nil {
 		p := n.Get(r.Name)
-		c := Compile(r, p)
+		c := Compile(r)
 		n.put(c, &owned)
 		if p != nil {
 			p.next.Store(c)

@@ -44,7 +44,7 @@ func FuzzFromProto(f *testing.F) {
 			}
 			return
 		}
-		c := rule.Compile(r, nil)
+		c := rule.Compile(r)
 		keys := []string{"x"}
 		for _, o := range r.Overrides {
 			keys = append(keys, o.Key)

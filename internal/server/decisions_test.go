@@ -17,9 +17,9 @@ func TestDecisionsByGeneration(t *testing.T) {
 		return &rule.Rule{Name: name, Algorithm: alg, Limit: 5, Period: time.Second, Version: version, Generation: gen}
 	}
 	d := newDecisions()
-	v1 := rule.Compile(tb("r", 1, 1, bucket.TokenBucket), nil)
-	v2 := rule.Compile(tb("r", 2, 1, bucket.TokenBucket), v1) // same generation
-	v3 := rule.Compile(tb("r", 3, 3, bucket.FixedWindow), v2) // new algorithm: new generation
+	v1 := rule.Compile(tb("r", 1, 1, bucket.TokenBucket))
+	v2 := rule.Compile(tb("r", 2, 1, bucket.TokenBucket)) // same generation
+	v3 := rule.Compile(tb("r", 3, 3, bucket.FixedWindow)) // new algorithm: new generation
 	for _, step := range []struct {
 		c                     *rule.Compiled
 		allowed, shadowDenied bool

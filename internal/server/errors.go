@@ -12,6 +12,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // This file is the one place where errors become gRPC statuses (etcd's
@@ -82,7 +83,7 @@ func toStatus(err error) *status.Status {
 		return status.New(codes.Unavailable, err.Error()+"; retry with backoff")
 	case errors.Is(err, ErrNotReady):
 		st := status.New(codes.Unavailable, err.Error())
-		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: NotReadyReason, Domain: "tokenserver.v1"}); derr == nil {
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: NotReadyReason, Domain: pb.ErrorDomain}); derr == nil {
 			return d
 		}
 		return st

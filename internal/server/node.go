@@ -30,7 +30,6 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
-	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
@@ -120,9 +119,6 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		health:    health.NewServer(),
 		done:      make(chan struct{}),
 	}
-	// The rule count cap is still process-wide in internal/rule; it moves
-	// into the rule set's configuration there.
-	rule.SetMaxRules(cfg.MaxRules)
 	sec := &cfg.Security
 	if n.peers == nil {
 		_, peerClient := sec.peerTLS()

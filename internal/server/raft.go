@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -89,6 +90,8 @@ func OpenRaft(cfg Config, rc raftfsm.Config, join []string) (Deps, error) {
 	rc.Health, rc.JoinVia, rc.DrainVia = peers.Health, peers.JoinVia, peers.DrainVia
 	rc.ObserveApply, rc.OnCaughtUp = hooks.ObserveApply, hooks.CaughtUp
 	rc.Join = len(join) > 0
+	// The leader's cap travels in each rule write, so replicas agree.
+	rc.MaxRules = cmp.Or(rc.MaxRules, cfg.MaxRules)
 	if rc.Logger == nil {
 		rc.Logger = cfg.Logger
 	}

@@ -13,20 +13,20 @@ import (
 
 // ForwardedHeader marks a request forwarded by another node: it is served
 // where it lands and never forwarded again.
-const ForwardedHeader = "x-tokenserver-forwarded"
+const ForwardedHeader = pb.ForwardedHeader
 
 // AvoidHeader is request metadata naming, comma-separated, the member ids
 // the caller could not reach. A key whose owner is among them is served by
 // its next owner in rendezvous order among the members not named, the owner
 // the view will give it once the named ones leave: the SDK sets it while a
 // node's circuit breaker is open.
-const AvoidHeader = "x-tokenserver-avoid"
+const AvoidHeader = pb.AvoidHeader
 
 // NotReadyReason is the google.rpc.ErrorInfo reason of the Unavailable a
 // node answers while it cannot decide yet (no routing view, or its Raft log
 // not replayed): it was reached and decided nothing, so the call may be
 // retried at once, here or on another member.
-const NotReadyReason = "NOT_READY"
+const NotReadyReason = pb.NotReadyReason
 
 // forwarded reports whether the call came from another node.
 func forwarded(ctx context.Context) bool {

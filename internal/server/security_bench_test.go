@@ -21,7 +21,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
-	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -123,7 +122,7 @@ func BenchmarkUnaryTLS(b *testing.B) {
 			cfg.HTTPAddr = ""
 			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 			cfg.Security = sec
-			n, err := New(cfg, NewStandalone("n0", "bufnet", rule.NewMemStore()).Deps())
+			n, err := New(cfg, NewStandalone("n0", "bufnet", inmem(b, 0)).Deps())
 			if err != nil {
 				b.Fatal(err)
 			}

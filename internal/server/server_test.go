@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -49,7 +50,7 @@ func newTestNode(t testing.TB, mutate func(*Config)) *testNode {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	n, err := New(cfg, NewStandalone("node-1", "bufnet", rule.NewMemStore()).Deps())
+	n, err := New(cfg, NewStandalone("node-1", "bufnet", inmem(t, cfg.MaxRules)).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +328,7 @@ func TestHealthAndReflection(t *testing.T) {
 
 func TestDefaultDeadline(t *testing.T) {
 	var seen atomic.Bool
-	n, err := New(Config{GRPCAddr: "127.0.0.1:0", MaxRecvMsgSize: 1 << 20, DefaultDeadline: time.Second, SweepInterval: time.Second}, NewStandalone("n", "a", rule.NewMemStore()).Deps())
+	n, err := New(Config{GRPCAddr: "127.0.0.1:0", MaxRecvMsgSize: 1 << 20, DefaultDeadline: time.Second, SweepInterval: time.Second}, NewStandalone("n", "a", inmem(t, 0)).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +343,7 @@ func TestDefaultDeadline(t *testing.T) {
 }
 
 func TestHTTPHealth(t *testing.T) {
-	n, err := New(DefaultConfig(), NewStandalone("node-1", "127.0.0.1:7070", rule.NewMemStore()).Deps())
+	n, err := New(DefaultConfig(), NewStandalone("node-1", "127.0.0.1:7070", inmem(t, 0)).Deps())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,4 +423,16 @@ func TestMetrics(t *testing.T) {
 	if strings.Contains(body, `"k"`) || strings.Contains(body, `"j"`) {
 		t.Error("a key appears as a label value")
 	}
+}
+
+// inmem opens a one-node in-memory Raft node for a test's rules (the same
+// FSM and rule.Set as production) and closes it when the test ends.
+func inmem(t testing.TB, maxRules int) *raftfsm.Node {
+	t.Helper()
+	rn, err := raftfsm.NewInmem("node-1", maxRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rn.Close() })
+	return rn
 }

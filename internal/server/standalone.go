@@ -1,21 +1,21 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
-	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 )
 
-// Standalone is a cluster of one node over a rule.Store without Raft: its
-// view is itself, it always leads and is ready. Tests use it with a
-// rule.MemStore. It is both the DataPlane and the ControlPlane.
+// Standalone is a server's cluster of one over a Raft node that it does not
+// own (usually raftfsm.NewInmem): its view is itself, fixed; it always
+// leads and is ready; closing it leaves the Raft node open, so that tests
+// can stop a server and start another over the same rules. Rules,
+// snapshots and restores go through the Raft node, so they have the same
+// semantics as in production. It is both the DataPlane and the
+// ControlPlane.
 type Standalone struct {
-	rule.Store
+	*raftfsm.Node
 	id, grpcAddr string
 	view         *cluster.View
 	never        chan struct{}
@@ -26,9 +26,9 @@ var (
 	_ ControlPlane = (*Standalone)(nil)
 )
 
-// NewStandalone returns a one-node cluster over store.
-func NewStandalone(id, grpcAddr string, store rule.Store) *Standalone {
-	return &Standalone{Store: store, id: id, grpcAddr: grpcAddr,
+// NewStandalone returns a one-node cluster over the Raft node rn.
+func NewStandalone(id, grpcAddr string, rn *raftfsm.Node) *Standalone {
+	return &Standalone{Node: rn, id: id, grpcAddr: grpcAddr,
 		view:  cluster.NewView(1, []cluster.Member{{ID: id, GRPCAddr: grpcAddr, Voter: true}}),
 		never: make(chan struct{})}
 }
@@ -81,25 +81,6 @@ func (s *Standalone) Status() (Status, error) {
 		Leader: s.id, Epoch: 1, Members: []MemberStatus{{ID: s.id, GRPCAddr: s.grpcAddr, Voter: true, Leader: true, Live: true}}}, nil
 }
 
-// Close implements ControlPlane.
+// Close implements ControlPlane: the Raft node stays open (its owner
+// closes it).
 func (s *Standalone) Close() error { return nil }
-
-// SnapshotSave implements ControlPlane: the rules in the snapshot format.
-func (s *Standalone) SnapshotSave(context.Context) (io.ReadCloser, error) {
-	t := s.Table()
-	rules := map[string]*rule.Rule{}
-	for _, r := range t.Rules() {
-		rules[r.Name] = r
-	}
-	b, err := json.Marshal(map[string]any{"index": t.Version, "rules": rules})
-	if err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	return io.NopCloser(bytes.NewReader(b)), nil
-}
-
-// RestoreRules implements ControlPlane: a standalone node cannot replace
-// its table in one step.
-func (s *Standalone) RestoreRules(context.Context, io.Reader) (int, uint64, error) {
-	return 0, 0, failf(ErrNoRaft, "this node runs without Raft and cannot restore a snapshot")
-}

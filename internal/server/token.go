@@ -13,7 +13,7 @@ import (
 )
 
 // MaxBatch is the most items one AcquireTokens call may carry.
-const MaxBatch = 1000
+const MaxBatch = pb.MaxBatch
 
 // tokenService is the data plane: acquire, refill and renew here, the
 // cluster view in view.go.

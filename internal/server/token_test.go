@@ -157,7 +157,7 @@ func isNotReady(err error) bool {
 // NOT_READY, not NotFound: its log may not be replayed yet.
 func TestNotReadyNode(t *testing.T) {
 	for _, sole := range []bool{false, true} {
-		store := rule.NewMemStore()
+		store := inmem(t, 0)
 		if _, err := store.Put(context.Background(), &rule.Rule{Name: "r", Algorithm: bucket.TokenBucket, Limit: 5, Period: time.Second}, nil); err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,7 @@ func FuzzAcquire(f *testing.F) {
 		if r.Validate() != nil {
 			return
 		}
-		c := rule.Compile(r, nil)
+		c := rule.Compile(r)
 		m := New(Config{MaxBytes: 1 << 20})
 		req := bucket.Request{Permits: permits, Partial: partial, MaxWait: maxWait}
 		capacity := c.Config.Capacity()
