@@ -199,7 +199,7 @@ func checkMemory(t *testing.T, c corev1.Container, a map[string]string) {
 	if goMemLimit == 0 {
 		t.Fatal("the container sets no GOMEMLIMIT")
 	}
-	budget := server.DefaultBucketMemory()
+	var budget int64
 	if v, ok := a["max-bucket-memory"]; ok {
 		var err error
 		if budget, err = server.ParseBytes(v); err != nil {
@@ -302,26 +302,4 @@ func TestDashboard(t *testing.T) {
 			}
 		}
 	}
-}
-
-// serverSources is the text of internal/server's non-test Go files, where
-// every metric the server exports is named.
-func serverSources(t *testing.T) string {
-	t.Helper()
-	files, err := filepath.Glob("../internal/server/*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var all strings.Builder
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all.Write(b)
-	}
-	return all.String()
 }

@@ -25,7 +25,6 @@ type certManager struct {
 	obj  map[string]any
 }
 
-func (c certManager) kind() string { return c.obj["kind"].(string) }
 func (c certManager) name() string { return str(c.obj, "metadata", "name") }
 
 // str returns the string at path in m ("" when missing).

@@ -80,10 +80,10 @@ type result struct {
 // tokenctl runs the command tree in-process with args and stdin.
 func tokenctl(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
-	return tokenctlCtx(t, context.Background(), stdin, args...)
+	return tokenctlCtx(context.Background(), t, stdin, args...)
 }
 
-func tokenctlCtx(t *testing.T, ctx context.Context, stdin string, args ...string) result {
+func tokenctlCtx(ctx context.Context, t *testing.T, stdin string, args ...string) result {
 	t.Helper()
 	var out, errb syncBuffer
 	root := newRootCmd(&out, &errb)
