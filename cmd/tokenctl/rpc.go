@@ -22,7 +22,8 @@ import (
 // (maxCallAttempts) so that the deadline, not a count, ends the retries, as
 // the hand-written loop this replaces did. Rule writes with
 // expected_version are retried too, as they always were: a retried write
-// whose first attempt did commit answers FailedPrecondition.
+// whose first attempt did commit answers FailedPrecondition, which
+// reconcileWrite (reconcile.go) recognizes by reading the rule back.
 const (
 	retryInitial = 50 * time.Millisecond
 	retryMax     = 2 * time.Second
@@ -70,7 +71,12 @@ func (a *app) retryDialOptions(probe *connProbe) []grpc.DialOption {
 			stop := a.watchConn(ctx, cc, probe, cancel)
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			stop()
-			return a.unreachable(ctx, cc, rec, err)
+			if err = a.unreachable(ctx, cc, rec, err); err != nil {
+				// A write retried after Unavailable may have committed
+				// (reconcile.go).
+				err = a.reconcileWrite(ctx, cc, method, req, reply, rec, err)
+			}
+			return err
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 			// A stream waits for the connection, and is retried, when it
