@@ -167,6 +167,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 		newTokenCmd(a),
 		newNodeCmd(a),
 		newVersionCmd(a),
+		newEnvoyCmd(a),
 	)
 	return root
 }

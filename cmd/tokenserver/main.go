@@ -19,6 +19,8 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/buildinfo"
+	"github.com/tokenserver/tokenserver/internal/envoyrls"
+	"github.com/tokenserver/tokenserver/internal/envoyrls/xds"
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
@@ -68,6 +70,12 @@ type options struct {
 	logLevel  string
 	version   bool
 	sec       securityFlags
+	envoy     envoyFlags
+}
+
+// envoyFlags are the --envoy-* flags that need parsing.
+type envoyFlags struct {
+	headers, headerNames string
 }
 
 // securityFlags are the TLS and authentication flags.
@@ -123,6 +131,20 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
 	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --pprof-addr")
 	fs.StringVar(&o.cfg.PprofAddr, "pprof-addr", o.cfg.PprofAddr, "listen address of /debug/pprof/ with --pprof (plain HTTP: a loopback address unless --insecure)")
+	fs.StringVar(&o.cfg.Envoy.ConfigDir, "envoy-config-dir", "", "envoyproxy/ratelimit's config directory (every *.yaml and *.yml), watched; the leader writes its domains through Raft")
+	fs.DurationVar(&o.cfg.Envoy.PollInterval, "envoy-config-poll", 0, "how often --envoy-config-dir is read (0: 5s)")
+	o.cfg.Envoy.XDS = xds.DefaultConfig()
+	fs.StringVar(&o.cfg.Envoy.XDS.Server, "envoy-xds-server", "", "xDS management server host:port serving RateLimitConfig (Envoy Gateway's); the leader runs the client")
+	fs.StringVar(&o.cfg.Envoy.XDS.NodeID, "envoy-xds-node-id", o.cfg.Envoy.XDS.NodeID, "node id sent to the xDS server")
+	fs.StringVar(&o.cfg.Envoy.XDS.NodeMetadata, "envoy-xds-node-metadata", "", "xDS node metadata as KEY=VALUE,...")
+	fs.StringVar(&o.cfg.Envoy.XDS.TLSCA, "envoy-xds-tls-ca", "", "PEM CA bundle that verifies the xDS server; turns TLS on")
+	fs.StringVar(&o.cfg.Envoy.XDS.TLSCert, "envoy-xds-tls-cert", "", "PEM client certificate for mTLS to the xDS server")
+	fs.StringVar(&o.cfg.Envoy.XDS.TLSKey, "envoy-xds-tls-key", "", "PEM private key of --envoy-xds-tls-cert")
+	fs.StringVar(&o.cfg.Envoy.XDS.TLSServerName, "envoy-xds-tls-server-name", "", "name the xDS server's certificate must carry; turns TLS on")
+	fs.StringVar(&o.envoy.headers, "envoy-rate-limit-headers", "off", "rate limit headers in RLS answers: off, draft, x-ratelimit or reference")
+	fs.StringVar(&o.envoy.headerNames, "envoy-rate-limit-header-names", "", "LIMIT,REMAINING,RESET: header names of the x-ratelimit and reference modes")
+	fs.Float64Var(&o.cfg.Envoy.NearLimitRatio, "envoy-near-limit-ratio", envoyrls.DefaultNearLimitRatio, "share of a limit above which hits count as near_limit in metrics")
+	fs.BoolVar(&o.cfg.Envoy.Shadow, "envoy-shadow-mode", false, "answer every RLS call OK while still counting (the reference's SHADOW_MODE)")
 	fs.StringVar(&o.sec.tlsCert, "tls-cert", "", "PEM certificate (with its chain) to serve TLS on the gRPC port, and on the HTTP port unless --http-tls=false; re-read when it changes")
 	fs.StringVar(&o.sec.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&o.sec.tlsClientCA, "tls-client-ca", "", "PEM CA bundle that client certificates must chain to; turns certificate authentication on (and is the peer CA unless --peer-tls-ca)")
@@ -173,6 +195,26 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	}
 	if o.raft.NodeID == "" {
 		return nil, errors.New("--node-id is empty and the host name is unknown")
+	}
+	if o.cfg.Envoy.Headers, err = envoyrls.ParseHeaderMode(o.envoy.headers); err != nil {
+		return nil, fmt.Errorf("--envoy-rate-limit-headers: %w", err)
+	}
+	if o.envoy.headerNames != "" {
+		parts := strings.Split(o.envoy.headerNames, ",")
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("--envoy-rate-limit-header-names: want LIMIT,REMAINING,RESET, got %q", o.envoy.headerNames)
+		}
+		o.cfg.Envoy.HeaderNames = envoyrls.HeaderNames{Limit: parts[0], Remaining: parts[1], Reset: parts[2]}
+	}
+	if r := o.cfg.Envoy.NearLimitRatio; r <= 0 || r > 1 {
+		return nil, fmt.Errorf("--envoy-near-limit-ratio must be in (0, 1], got %v", r)
+	}
+	if o.cfg.Envoy.XDS.Enabled() {
+		if err := o.cfg.Envoy.XDS.Validate(); err != nil {
+			return nil, fmt.Errorf("--envoy-xds-*: %w", err)
+		}
+	} else {
+		o.cfg.Envoy.XDS = xds.Config{}
 	}
 	return o, nil
 }

@@ -105,6 +105,9 @@ var methods = map[string]methodRule{
 	pb.TokenService_RenewLease_FullMethodName:       {role: RoleClient},
 	pb.TokenService_GetClusterView_FullMethodName:   {role: RoleClient},
 	pb.TokenService_WatchClusterView_FullMethodName: {role: RoleClient},
+	pb.TokenService_CommitToken_FullMethodName:      {role: RoleClient},
+
+	"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit": {role: RoleClient},
 
 	pb.AdminService_GetRule_FullMethodName:         {role: RoleViewer},
 	pb.AdminService_ListRules_FullMethodName:       {role: RoleViewer},
@@ -117,6 +120,19 @@ var methods = map[string]methodRule{
 	pb.AdminService_RemoveMember_FullMethodName:    {role: RoleAdmin, write: true},
 	pb.AdminService_DrainMember_FullMethodName:     {role: RoleAdmin, write: true},
 	pb.AdminService_SnapshotRestore_FullMethodName: {role: RoleAdmin, write: true},
+
+	pb.AdminService_ListOverrides_FullMethodName:     {role: RoleViewer},
+	pb.AdminService_TopKeys_FullMethodName:           {role: RoleViewer},
+	pb.AdminService_RuleSeries_FullMethodName:        {role: RoleViewer},
+	pb.AdminService_RuleHistory_FullMethodName:       {role: RoleViewer},
+	pb.AdminService_DiffRules_FullMethodName:         {role: RoleViewer},
+	pb.AdminService_GetEnvoyDomain_FullMethodName:    {role: RoleViewer},
+	pb.AdminService_ListEnvoyDomains_FullMethodName:  {role: RoleViewer},
+	pb.AdminService_PutOverride_FullMethodName:       {role: RoleEditor, write: true},
+	pb.AdminService_DeleteOverride_FullMethodName:    {role: RoleEditor, write: true},
+	pb.AdminService_RollbackRule_FullMethodName:      {role: RoleEditor, write: true},
+	pb.AdminService_PutEnvoyDomain_FullMethodName:    {role: RoleEditor, write: true},
+	pb.AdminService_DeleteEnvoyDomain_FullMethodName: {role: RoleEditor, write: true},
 
 	healthpb.Health_Check_FullMethodName: {access: accessOpen},
 	healthpb.Health_Watch_FullMethodName: {access: accessOpen},

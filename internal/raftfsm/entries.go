@@ -101,6 +101,10 @@ var commands = [...]command{
 	entrySetView:      row("view", decodeSetView, (*fsmState).setView),
 	entryRestoreRules: row("restore", decodeRestoreRules, (*fsmState).restoreRules),
 	entryDrainMember:  row("drain member", decodeDrainMember, (*fsmState).drainMember),
+
+	entryPutEnvoyDomain:    row("put envoy domain", decodePutEnvoyDomain, (*fsmState).putEnvoyDomain),
+	entryDeleteEnvoyDomain: row("delete envoy domain", decodeDeleteEnvoyDomain, (*fsmState).deleteEnvoyDomain),
+	entrySyncEnvoyDomains:  row("sync envoy domains", decodeSyncEnvoyDomains, (*fsmState).syncEnvoyDomains),
 }
 
 // errUnknownEntry is an entry type this node does not know.

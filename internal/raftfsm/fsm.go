@@ -29,8 +29,10 @@ type memberInfo struct {
 
 // applyResult is what FSM.Apply returns for an entry.
 type applyResult struct {
-	rule *rule.Rule
-	err  error
+	rule    *rule.Rule
+	envoy   *EnvoyDomain // the Envoy domain a put stored
+	changed int          // Envoy domains a sync changed
+	err     error
 }
 
 // fsmState is the replicated state: rules, members and the view. It is
@@ -41,6 +43,10 @@ type fsmState struct {
 	Members   map[string]memberInfo
 	Live      []string
 	ViewEpoch uint64
+	// Envoy holds the Envoy domains by name (envoy.go); changed by
+	// copy-on-write. EnvoyIndex is the index of its last change.
+	Envoy      map[string]EnvoyDomain
+	EnvoyIndex uint64
 }
 
 func newState() *fsmState {
@@ -54,7 +60,7 @@ func newState() *fsmState {
 // Rules themselves are immutable once stored.
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
-		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch}
+		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put

@@ -31,6 +31,7 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 		m.Members = append(m.Members, memberToPB(mi))
 	}
 	sort.Slice(m.Members, func(i, j int) bool { return m.Members[i].Id < m.Members[j].Id })
+	m.EnvoyDomains, m.EnvoyIndex = envoySnapshot(s)
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -70,6 +71,9 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 				return nil, fmt.Errorf("member %q twice", mm.GetId())
 			}
 			s.Members[mm.GetId()] = memberFromPB(mm)
+		}
+		if err := s.loadEnvoySnapshot(m.EnvoyDomains, m.EnvoyIndex); err != nil {
+			return nil, err
 		}
 		return s, nil
 	}

@@ -60,6 +60,8 @@ type Config struct {
 	// Clock returns monotonic nanoseconds; nil means the process clock.
 	// Tests pass a fake.
 	Clock func() int64
+	// Envoy configures Envoy's rate limit service (envoy.go).
+	Envoy EnvoyConfig
 }
 
 // DefaultMaxViewStreams caps the WatchClusterView streams one node serves

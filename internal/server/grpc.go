@@ -3,6 +3,7 @@ package server
 import (
 	"time"
 
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -57,4 +58,5 @@ func (n *Node) newGRPCServer(extra []func(grpc.ServiceRegistrar)) (*grpc.Server,
 func (n *Node) RegisterServices(s grpc.ServiceRegistrar) {
 	pb.RegisterTokenServiceServer(s, &tokenService{n: n})
 	pb.RegisterAdminServiceServer(s, &adminService{n: n})
+	rlpb.RegisterRateLimitServiceServer(s, n.envoy)
 }

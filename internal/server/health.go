@@ -24,7 +24,7 @@ const readinessPoll = 20 * time.Millisecond
 // caught up with the log and is not draining. It reports readiness.
 func (n *Node) updateHealth() bool {
 	up := n.serving.Load() && !n.draining.Load()
-	ready := up && n.data.Ready()
+	ready := up && n.data.Ready() && n.envoy.notReady() == ""
 	member := up && n.data.CaughtUp()
 	if n.ready.Swap(ready) != ready || n.memberHealthy.Swap(member) != member || !n.healthSet.Swap(true) {
 		n.health.SetServingStatus("", servingStatus(ready))
@@ -73,6 +73,8 @@ func (n *Node) notReadyReason() string {
 		return "draining (shutting down)"
 	case !n.serving.Load():
 		return "not serving yet"
+	case n.envoy.notReady() != "":
+		return n.envoy.notReady()
 	case !n.data.CaughtUp():
 		return "catching up with the Raft log"
 	default:

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/tokenserver/tokenserver/internal/envoyrls"
 )
 
 // httpHandler serves /healthz (the process is up), /readyz (the node
@@ -15,6 +17,7 @@ func (n *Node) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", n.metrics.handler())
+	mux.Handle("/json", envoyrls.NewJSONHandler(n.envoy.shouldRateLimitJSON))
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.notReadyReason(); why != "" {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)

@@ -79,6 +79,7 @@ type Node struct {
 	serving       atomic.Bool
 	draining      atomic.Bool
 	metrics       *metrics
+	envoy         *envoy // Envoy's rate limit service (envoy*.go)
 	views         viewCaster
 	done          chan struct{}
 	// auth authorizes calls (nil when auth is off); peersOnly says that the
@@ -138,6 +139,9 @@ func New(cfg Config, deps Deps) (*Node, error) {
 	}
 	n.peersOnly = sec.tlsOn() || sec.authOn()
 	var err error
+	if n.envoy, err = newEnvoy(n, cfg.Envoy, deps.Control); err != nil {
+		return nil, err
+	}
 	if n.grpc, err = n.newGRPCServer(deps.Services); err != nil {
 		return nil, fmt.Errorf("server config: %w", err)
 	}
@@ -229,6 +233,8 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	n.wg.Add(2)
 	go n.sweep()
 	go n.watchReadiness()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {
 		n.wg.Add(1)
 		go n.runJoin()

@@ -636,9 +636,13 @@ type Snapshot struct {
 	// Sorted by name.
 	Rules []*Rule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
 	// Sorted by id.
-	Members       []*Member `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
-	Live          []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
-	ViewEpoch     uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
+	Members   []*Member `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	Live      []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
+	ViewEpoch uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
+	// Envoy domains, sorted by name; absent from older snapshots.
+	EnvoyDomains []*EnvoyDomain `protobuf:"bytes,6,rep,name=envoy_domains,json=envoyDomains,proto3" json:"envoy_domains,omitempty"`
+	// The index of the Envoy domains' last change.
+	EnvoyIndex    uint64 `protobuf:"varint,7,opt,name=envoy_index,json=envoyIndex,proto3" json:"envoy_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -708,6 +712,266 @@ func (x *Snapshot) GetViewEpoch() uint64 {
 	return 0
 }
 
+func (x *Snapshot) GetEnvoyDomains() []*EnvoyDomain {
+	if x != nil {
+		return x.EnvoyDomains
+	}
+	return nil
+}
+
+func (x *Snapshot) GetEnvoyIndex() uint64 {
+	if x != nil {
+		return x.EnvoyIndex
+	}
+	return 0
+}
+
+// EnvoyDomain is one domain of envoyproxy/ratelimit configuration as the
+// FSM stores it: its YAML unchanged, validated where it entered the
+// cluster.
+type EnvoyDomain struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Yaml  string                 `protobuf:"bytes,2,opt,name=yaml,proto3" json:"yaml,omitempty"`
+	// The Raft index of its last change; set by the FSM.
+	Version uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// A principal, or "file:NAME" / "xds:VERSION" for the watched sources.
+	Author string `protobuf:"bytes,4,opt,name=author,proto3" json:"author,omitempty"`
+	// The file or xDS resource it came from.
+	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomain) Reset() {
+	*x = EnvoyDomain{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomain) ProtoMessage() {}
+
+func (x *EnvoyDomain) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomain.ProtoReflect.Descriptor instead.
+func (*EnvoyDomain) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *EnvoyDomain) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EnvoyDomain) GetYaml() string {
+	if x != nil {
+		return x.Yaml
+	}
+	return ""
+}
+
+func (x *EnvoyDomain) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *EnvoyDomain) GetAuthor() string {
+	if x != nil {
+		return x.Author
+	}
+	return ""
+}
+
+func (x *EnvoyDomain) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+// PutEnvoyDomain creates or replaces one domain.
+type PutEnvoyDomain struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Domain *EnvoyDomain           `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// Compare-and-set: apply only if the stored version is this (0: absent).
+	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PutEnvoyDomain) Reset() {
+	*x = PutEnvoyDomain{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutEnvoyDomain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutEnvoyDomain) ProtoMessage() {}
+
+func (x *PutEnvoyDomain) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutEnvoyDomain.ProtoReflect.Descriptor instead.
+func (*PutEnvoyDomain) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PutEnvoyDomain) GetDomain() *EnvoyDomain {
+	if x != nil {
+		return x.Domain
+	}
+	return nil
+}
+
+func (x *PutEnvoyDomain) GetExpectedVersion() uint64 {
+	if x != nil && x.ExpectedVersion != nil {
+		return *x.ExpectedVersion
+	}
+	return 0
+}
+
+// DeleteEnvoyDomain deletes one domain.
+type DeleteEnvoyDomain struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeleteEnvoyDomain) Reset() {
+	*x = DeleteEnvoyDomain{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteEnvoyDomain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteEnvoyDomain) ProtoMessage() {}
+
+func (x *DeleteEnvoyDomain) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteEnvoyDomain.ProtoReflect.Descriptor instead.
+func (*DeleteEnvoyDomain) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeleteEnvoyDomain) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteEnvoyDomain) GetExpectedVersion() uint64 {
+	if x != nil && x.ExpectedVersion != nil {
+		return *x.ExpectedVersion
+	}
+	return 0
+}
+
+// SyncEnvoyDomains makes the domains of one origin (an author prefix such
+// as "file:" or "xds:") exactly these: the origin's domains absent here are
+// deleted, those whose YAML or source changed are written, the others keep
+// their version. Domains of other origins are not touched, unless one here
+// has the same name: it is replaced.
+type SyncEnvoyDomains struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Origin        string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	Domains       []*EnvoyDomain         `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncEnvoyDomains) Reset() {
+	*x = SyncEnvoyDomains{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncEnvoyDomains) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncEnvoyDomains) ProtoMessage() {}
+
+func (x *SyncEnvoyDomains) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncEnvoyDomains.ProtoReflect.Descriptor instead.
+func (*SyncEnvoyDomains) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SyncEnvoyDomains) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *SyncEnvoyDomains) GetDomains() []*EnvoyDomain {
+	if x != nil {
+		return x.Domains
+	}
+	return nil
+}
+
 var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
@@ -765,14 +1029,34 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\aSetView\x12\x12\n" +
 	"\x04live\x18\x01 \x03(\tR\x04live\"?\n" +
 	"\fRestoreRules\x12/\n" +
-	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xbb\x01\n" +
+	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xa3\x02\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
 	"\amembers\x18\x03 \x03(\v2\x1b.tokenserver.raft.v1.MemberR\amembers\x12\x12\n" +
 	"\x04live\x18\x04 \x03(\tR\x04live\x12\x1d\n" +
 	"\n" +
-	"view_epoch\x18\x05 \x01(\x04R\tviewEpochBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
+	"view_epoch\x18\x05 \x01(\x04R\tviewEpoch\x12E\n" +
+	"\renvoy_domains\x18\x06 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\fenvoyDomains\x12\x1f\n" +
+	"\venvoy_index\x18\a \x01(\x04R\n" +
+	"envoyIndex\"\x7f\n" +
+	"\vEnvoyDomain\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04yaml\x18\x02 \x01(\tR\x04yaml\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06author\x18\x04 \x01(\tR\x06author\x12\x16\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"\x8f\x01\n" +
+	"\x0ePutEnvoyDomain\x128\n" +
+	"\x06domain\x18\x01 \x01(\v2 .tokenserver.raft.v1.EnvoyDomainR\x06domain\x12.\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x11_expected_version\"l\n" +
+	"\x11DeleteEnvoyDomain\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x11_expected_version\"f\n" +
+	"\x10SyncEnvoyDomains\x12\x16\n" +
+	"\x06origin\x18\x01 \x01(\tR\x06origin\x12:\n" +
+	"\adomains\x18\x02 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\adomainsBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
 
 var (
 	file_tokenserver_raft_v1_entries_proto_rawDescOnce sync.Once
@@ -786,17 +1070,21 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
-	(*Rule)(nil),         // 0: tokenserver.raft.v1.Rule
-	(*Override)(nil),     // 1: tokenserver.raft.v1.Override
-	(*PutRule)(nil),      // 2: tokenserver.raft.v1.PutRule
-	(*DeleteRule)(nil),   // 3: tokenserver.raft.v1.DeleteRule
-	(*Member)(nil),       // 4: tokenserver.raft.v1.Member
-	(*MemberChange)(nil), // 5: tokenserver.raft.v1.MemberChange
-	(*SetView)(nil),      // 6: tokenserver.raft.v1.SetView
-	(*RestoreRules)(nil), // 7: tokenserver.raft.v1.RestoreRules
-	(*Snapshot)(nil),     // 8: tokenserver.raft.v1.Snapshot
+	(*Rule)(nil),              // 0: tokenserver.raft.v1.Rule
+	(*Override)(nil),          // 1: tokenserver.raft.v1.Override
+	(*PutRule)(nil),           // 2: tokenserver.raft.v1.PutRule
+	(*DeleteRule)(nil),        // 3: tokenserver.raft.v1.DeleteRule
+	(*Member)(nil),            // 4: tokenserver.raft.v1.Member
+	(*MemberChange)(nil),      // 5: tokenserver.raft.v1.MemberChange
+	(*SetView)(nil),           // 6: tokenserver.raft.v1.SetView
+	(*RestoreRules)(nil),      // 7: tokenserver.raft.v1.RestoreRules
+	(*Snapshot)(nil),          // 8: tokenserver.raft.v1.Snapshot
+	(*EnvoyDomain)(nil),       // 9: tokenserver.raft.v1.EnvoyDomain
+	(*PutEnvoyDomain)(nil),    // 10: tokenserver.raft.v1.PutEnvoyDomain
+	(*DeleteEnvoyDomain)(nil), // 11: tokenserver.raft.v1.DeleteEnvoyDomain
+	(*SyncEnvoyDomains)(nil),  // 12: tokenserver.raft.v1.SyncEnvoyDomains
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	1, // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
@@ -805,11 +1093,14 @@ var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	0, // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
 	0, // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
 	4, // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	9, // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	9, // 7: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
+	9, // 8: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -819,13 +1110,15 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 	}
 	file_tokenserver_raft_v1_entries_proto_msgTypes[2].OneofWrappers = []any{}
 	file_tokenserver_raft_v1_entries_proto_msgTypes[3].OneofWrappers = []any{}
+	file_tokenserver_raft_v1_entries_proto_msgTypes[10].OneofWrappers = []any{}
+	file_tokenserver_raft_v1_entries_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

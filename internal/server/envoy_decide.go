@@ -1,0 +1,315 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/cluster"
+	"github.com/tokenserver/tokenserver/internal/envoyrls"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// envoyHitsHeader marks a ShouldRateLimit that one node forwards to the
+// owner of some counters: its descriptors are counter hits, not Envoy's
+// descriptors, and its answer's raw_body holds the decisions.
+//
+// Forwarding ShouldRateLimit itself, rather than adding an internal RPC,
+// keeps the one method, role and peer connection that Envoy's calls use.
+// The wire format of the hop (one descriptor per hit):
+//
+//	entries[0]   key: the counter key (Limit.CounterKey), value: "ALGORITHM/BURST"
+//	limit        requests_per_unit and unit
+//	hits_addend  the cost (0: read only)
+//
+// and the answer's raw_body is, per hit, the uvarints before, after,
+// remaining and reset-after nanoseconds, then one byte: 1 when over.
+const envoyHitsHeader = "x-tokenserver-envoy-hits"
+
+func isHitBatch(ctx context.Context) bool {
+	return len(metadata.ValueFromIncomingContext(ctx, envoyHitsHeader)) > 0
+}
+
+// envoyDecider counts Envoy descriptors on the nodes that own them
+// (cluster ownership of Limit.HashKey over the node's view, as
+// AcquireTokens routes keys), in the node's bucket shards. Fixed windows,
+// the default, count with Map.Hit on Unix time, so windows align to the
+// epoch as the reference's; the algorithm extension decides with the
+// ordinary Acquire.
+type envoyDecider struct {
+	n *Node
+	// fixed holds one compiled rule per unit: a fixed-window counter is
+	// shared by every limit of the same counter key and unit whatever its
+	// requests_per_unit, as the reference's Redis key is; each limit judges
+	// the count itself.
+	fixed [8]*rule.Compiled
+	// algos caches the compiled rules of the algorithm extension, by
+	// algorithm, unit, limit and burst (a change starts new buckets).
+	mu    sync.Mutex
+	algos map[string]*rule.Compiled
+}
+
+// maxEnvoyAlgos bounds the algos cache: configurations are bounded, but a
+// long-lived node sees many versions.
+const maxEnvoyAlgos = 10000
+
+func newEnvoyDecider(n *Node) *envoyDecider {
+	d := &envoyDecider{n: n, algos: map[string]*rule.Compiled{}}
+	for u := range envoyrls.Unit(len(d.fixed)) {
+		if !envoyrls.ValidUnit(u) {
+			continue
+		}
+		d.fixed[u] = rule.Compile(&rule.Rule{Name: "envoy/fixed-window/" + u.String(), Algorithm: bucket.FixedWindow,
+			Limit: bucket.MaxLimit, Period: envoyrls.Period(u), Version: envoyVersion, Generation: 1})
+	}
+	return d
+}
+
+// isEnvoyRule selects the compiled rules of Envoy counters.
+func isEnvoyRule(c *rule.Compiled) bool { return strings.HasPrefix(c.Rule.Name, "envoy/") }
+
+// Decide implements envoyrls.Decider: hits of counters this node owns are
+// decided here, the others are sent to their owners, one call per owner
+// at once; an owner that cannot be reached has its hits decided by their
+// next owners, as AcquireTokens fails over.
+func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.Hit) ([]envoyrls.Decision, error) {
+	out := make([]envoyrls.Decision, len(hits))
+	v := d.n.data.View()
+	var remote map[string][]int
+	var owners map[string]cluster.Member
+	for i, h := range hits {
+		owner, err := d.n.route(ctx, v, h.Limit.HashKey())
+		if err != nil {
+			return nil, err
+		}
+		if owner == nil {
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if remote == nil {
+			remote, owners = map[string][]int{}, map[string]cluster.Member{}
+		}
+		remote[owner.ID] = append(remote[owner.ID], i)
+		owners[owner.ID] = *owner
+	}
+	if remote == nil {
+		return out, nil
+	}
+	return out, d.forward(ctx, v, hits, owners, remote, out, true)
+}
+
+// forward sends each owner its hits and writes the decisions into out.
+func (d *envoyDecider) forward(ctx context.Context, v *cluster.View, hits []envoyrls.Hit, owners map[string]cluster.Member, remote map[string][]int, out []envoyrls.Decision, failover bool) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 0, len(remote))
+	var mu sync.Mutex
+	for id, idx := range remote {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			owner := owners[id]
+			err := d.send(ctx, &owner, hits, idx, out)
+			if err != nil && failover && unreachable(err) {
+				err = d.failover(ctx, v, hits, id, idx, out)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// failover decides the hits idx of an owner that cannot be reached on
+// their next owners: here, or forwarded once more (without failover).
+func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []envoyrls.Hit, owner string, idx []int, out []envoyrls.Decision) error {
+	var remote map[string][]int
+	owners := map[string]cluster.Member{}
+	for _, i := range idx {
+		h := hits[i]
+		next, local, ok := d.n.nextOwner(ctx, v, h.Limit.HashKey(), owner)
+		if !ok {
+			return failf(ErrUnavailable, "owner %s of envoy counters cannot be reached and no other member can take them", owner)
+		}
+		if local {
+			var err error
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits); err != nil {
+				return err
+			}
+			continue
+		}
+		if remote == nil {
+			remote = map[string][]int{}
+		}
+		remote[next.ID] = append(remote[next.ID], i)
+		owners[next.ID] = next
+	}
+	if remote == nil {
+		return nil
+	}
+	return d.forward(ctx, v, hits, owners, remote, out, false)
+}
+
+// send forwards the hits idx to owner and reads its decisions into out.
+func (d *envoyDecider) send(ctx context.Context, owner *cluster.Member, hits []envoyrls.Hit, idx []int, out []envoyrls.Decision) error {
+	req := &rlpb.RateLimitRequest{Domain: hits[idx[0]].Limit.Domain, Descriptors: make([]*ratelimitv3.RateLimitDescriptor, len(idx))}
+	for j, i := range idx {
+		l := hits[i].Limit
+		req.Descriptors[j] = &ratelimitv3.RateLimitDescriptor{
+			Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: l.CounterKey(), Value: strconv.Itoa(int(l.Algorithm)) + "/" + strconv.FormatInt(l.Burst, 10)}},
+			Limit:      &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: l.RequestsPerUnit, Unit: typev3.RateLimitUnit(l.Unit)},
+			HitsAddend: wrapperspb.UInt64(hits[i].Hits),
+		}
+	}
+	conn, err := d.n.peers.conn(owner.GRPCAddr)
+	if err != nil {
+		return peerError("owner "+owner.ID, err)
+	}
+	d.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
+	fctx := metadata.AppendToOutgoingContext(markForwarded(ctx), envoyHitsHeader, "1")
+	resp, err := rlpb.NewRateLimitServiceClient(conn).ShouldRateLimit(fctx, req)
+	if err != nil {
+		return peerError("owner "+owner.ID, err)
+	}
+	ds, err := decodeDecisions(resp.GetRawBody(), len(idx))
+	if err != nil {
+		return failf(ErrInternal, "owner %s: %v", owner.ID, err)
+	}
+	for j, i := range idx {
+		out[i] = ds[j]
+	}
+	return nil
+}
+
+// serveHits decides a forwarded batch of hits here.
+func (d *envoyDecider) serveHits(req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
+	body := make([]byte, 0, 16*len(req.GetDescriptors()))
+	for i, desc := range req.GetDescriptors() {
+		es, l := desc.GetEntries(), desc.GetLimit()
+		if len(es) != 1 || l == nil || !envoyrls.ValidUnit(envoyrls.Unit(l.GetUnit())) {
+			return nil, failf(ErrBadRequest, "forwarded envoy hit %d is malformed", i)
+		}
+		a, b, ok := strings.Cut(es[0].GetValue(), "/")
+		alg, err1 := strconv.Atoi(a)
+		burst, err2 := strconv.ParseInt(b, 10, 64)
+		if !ok || err1 != nil || err2 != nil || alg <= 0 || alg > 255 {
+			return nil, failf(ErrBadRequest, "forwarded envoy hit %d: bad algorithm/burst %q", i, es[0].GetValue())
+		}
+		dec, err := d.local(envoyrls.Unit(l.GetUnit()), es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue())
+		if err != nil {
+			return nil, err
+		}
+		body = appendDecision(body, dec)
+	}
+	return &rlpb.RateLimitResponse{OverallCode: rlpb.RateLimitResponse_OK, RawBody: body}, nil
+}
+
+// local decides one hit on this node's shards, on Unix time.
+func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64) (envoyrls.Decision, error) {
+	now := time.Now().UnixNano()
+	n := int64(min(hits, bucket.MaxLimit))
+	if alg == bucket.FixedWindow || alg == bucket.Unspecified {
+		r, err := d.n.buckets.Hit(d.fixed[unit], key, n, now)
+		if err != nil {
+			return envoyrls.Decision{}, fmt.Errorf("envoy counter: %w", err)
+		}
+		dec := envoyrls.Decision{Before: uint64(r.Before), After: uint64(r.After)}
+		if dec.After > uint64(rpu) {
+			dec.Over = true
+		} else {
+			dec.Remaining = uint32(uint64(rpu) - dec.After)
+		}
+		return dec, nil
+	}
+	if rpu == 0 {
+		return envoyrls.Decision{Over: true, After: uint64(n)}, nil
+	}
+	c := d.compiled(unit, alg, rpu, burst)
+	res, err := d.n.buckets.Acquire(c, key, bucket.Request{Permits: n}, now)
+	if errors.Is(err, rule.ErrInvalid) {
+		// More than the bucket could ever grant: over, as the reference
+		// answers a cost above the limit.
+		return envoyrls.Decision{Over: true, After: uint64(n)}, nil
+	}
+	if err != nil {
+		return envoyrls.Decision{}, fmt.Errorf("envoy counter: %w", err)
+	}
+	capacity := c.Config.Capacity()
+	used := max(0, capacity-res.Remaining)
+	dec := envoyrls.Decision{Over: !res.Allowed, ResetAfter: time.Duration(max(res.ResetAfter, res.RetryAfter))}
+	if res.Allowed {
+		dec.Remaining = clampU32(res.Remaining)
+		dec.After, dec.Before = uint64(used), uint64(max(0, used-n))
+	} else {
+		dec.Before, dec.After = uint64(used), uint64(used+n)
+	}
+	return dec, nil
+}
+
+// compiled returns the rule of an algorithm-extension limit.
+func (d *envoyDecider) compiled(unit envoyrls.Unit, alg bucket.Algorithm, rpu uint32, burst int64) *rule.Compiled {
+	name := "envoy/" + alg.String() + "/" + unit.String() + "/" + strconv.FormatUint(uint64(rpu), 10) + "/" + strconv.FormatInt(burst, 10)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.algos[name]; c != nil {
+		return c
+	}
+	r := &rule.Rule{Name: name, Algorithm: alg, Limit: int64(rpu), Period: envoyrls.Period(unit), Burst: burst, Version: envoyVersion, Generation: 1}
+	r.Normalize()
+	c := rule.Compile(r)
+	if len(d.algos) < maxEnvoyAlgos {
+		d.algos[name] = c
+	}
+	return c
+}
+
+func appendDecision(b []byte, d envoyrls.Decision) []byte {
+	b = binary.AppendUvarint(b, d.Before)
+	b = binary.AppendUvarint(b, d.After)
+	b = binary.AppendUvarint(b, uint64(d.Remaining))
+	b = binary.AppendUvarint(b, uint64(max(0, d.ResetAfter)))
+	if d.Over {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func decodeDecisions(b []byte, n int) ([]envoyrls.Decision, error) {
+	out := make([]envoyrls.Decision, n)
+	for i := range out {
+		var vals [4]uint64
+		for k := range vals {
+			v, w := binary.Uvarint(b)
+			if w <= 0 {
+				return nil, fmt.Errorf("envoy hit answer %d of %d is truncated", i, n)
+			}
+			vals[k], b = v, b[w:]
+		}
+		if len(b) == 0 {
+			return nil, fmt.Errorf("envoy hit answer %d of %d is truncated", i, n)
+		}
+		out[i] = envoyrls.Decision{Before: vals[0], After: vals[1], Remaining: uint32(min(vals[2], 1<<32-1)), ResetAfter: time.Duration(min(vals[3], 1<<63-1)), Over: b[0] == 1}
+		b = b[1:]
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("envoy hit answers: %d bytes left over", len(b))
+	}
+	return out, nil
+}
