@@ -37,6 +37,10 @@ func structuredCommands() [][]string {
 		{"node", "status"},
 		{"cluster", "status"},
 		{"snapshot", "save", "{dir}/snap"},
+		{"envoy", "apply", "-f", "{dir}/envoy.yaml"},
+		{"envoy", "get", "edge"},
+		{"envoy", "list"},
+		{"envoy", "delete", "edge"},
 		{"version"},
 		{"token", "create", "ci", "editor"},
 		{"certs", "--out-dir", "{dir}/pki", "create-ca"},
@@ -50,6 +54,7 @@ func TestOutputOneJSONStyle(t *testing.T) {
 	addr := startServer(t)
 	dir := t.TempDir()
 	writeFileAt(t, filepath.Join(dir, "extra.yaml"), "name: extra\nalgorithm: FIXED_WINDOW\nlimit: 1\nperiod: 1s\n")
+	writeFileAt(t, filepath.Join(dir, "envoy.yaml"), "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n")
 	ok(t, addr, "rule", "put", "api", "--algorithm", "token-bucket", "--limit", "5", "--period", "1m")
 	ok(t, addr, "rule", "put", "jobs", "--algorithm", "concurrency", "--limit", "2", "--period", "1m")
 	var got acquireJSON
@@ -92,8 +97,8 @@ func TestOutputOneJSONStyle(t *testing.T) {
 				}
 				return
 			}
-			if len(args) > 1 && args[1] == "delete" {
-				ok(t, addr, "rule", "apply", "-f", filepath.Join(dir, "extra.yaml"))
+			if len(args) > 1 && args[1] == "delete" { // put back what the JSON run deleted
+				ok(t, addr, args[0], "apply", "-f", filepath.Join(dir, map[string]string{"rule": "extra.yaml", "envoy": "envoy.yaml"}[args[0]]))
 			}
 			y := ok(t, addr, fill("yaml")...)
 			if strings.HasPrefix(strings.TrimSpace(y), "{") {
