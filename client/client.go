@@ -34,11 +34,14 @@ type Client struct {
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 
-	state    atomic.Pointer[viewState]
-	viewMu   sync.Mutex // serializes applyView (the watcher, probes, New)
-	inFb     atomic.Bool
-	fb       *localLimiters
-	watchNow chan struct{} // nudges the watcher to reconnect at once
+	state      atomic.Pointer[viewState]
+	viewMu     sync.Mutex // serializes applyView (the watcher, probes, New)
+	inFb       atomic.Bool
+	started    atomic.Bool // New has returned
+	hadServer  atomic.Bool // the client has decided by a server at least once
+	authLogged atomic.Bool // a refusal of the credentials was logged
+	fb         *localLimiters
+	watchNow   chan struct{} // nudges the watcher to reconnect at once
 
 	closing atomic.Bool // Close has begun: calls decide locally
 
@@ -54,7 +57,11 @@ type Client struct {
 // (gRPC addresses). It waits, bounded by ctx, for the first cluster view
 // from a seed that answers; when none answers it still returns a working
 // client, which decides by the fallback policies and keeps trying in the
-// background. It fails only for bad arguments.
+// background (and says so at warn). It fails for bad arguments, and with
+// an *AuthError (ErrAuth) when the seeds that answered refused the
+// client's credentials and none gave a view: a wrong token, a token
+// without the client role, a certificate the TLS settings do not verify.
+// Such a client would otherwise decide every call by its fallback.
 func New(ctx context.Context, seeds []string, opts ...Option) (*Client, error) {
 	if len(seeds) == 0 {
 		return nil, fmt.Errorf("tokenserver client: no seed addresses: %w", ErrInvalid)
@@ -80,14 +87,22 @@ func New(ctx context.Context, seeds []string, opts ...Option) (*Client, error) {
 	c.fb = newLocalLimiters(o.maxLocal)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.state.Store(&viewState{view: cluster.NewView(0, nil), rules: map[string]*ruleInfo{}, byID: map[string]*node{}})
-	c.updateMode()
+	c.inFb.Store(true) // no view yet: said at warn only if the start-up wait ends so
+	c.m.fallback.Set(1)
 	for _, s := range c.seeds {
 		if _, err := c.nodeAt(s); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("tokenserver client: seed %q: %w", s, err)
 		}
 	}
-	c.firstView(ctx)
+	if authErr := c.firstView(ctx); authErr != nil && c.state.Load().view.Len() == 0 {
+		c.Close()
+		return nil, fmt.Errorf("tokenserver client: %w", &AuthError{Err: authErr})
+	}
+	if c.InFallback() {
+		c.log.Warn("tokenserver client: no seed gave a cluster view within the start-up wait; entering fallback", "seeds", c.seeds)
+	}
+	c.started.Store(true)
 	c.wg.Add(1)
 	go c.watch()
 	return c, nil
@@ -95,11 +110,12 @@ func New(ctx context.Context, seeds []string, opts ...Option) (*Client, error) {
 
 // firstView asks the seeds, one after another, for the cluster view until
 // a ready one answers or ctx ends. A view from a seed that is not ready yet
-// is used for routing, but the next seed is asked too.
-func (c *Client) firstView(ctx context.Context) {
+// is used for routing, but the next seed is asked too. It returns the
+// last refusal of the client's credentials, if any seed refused them.
+func (c *Client) firstView(ctx context.Context) (authErr error) {
 	for _, s := range c.seeds {
 		if ctx.Err() != nil {
-			return
+			return authErr
 		}
 		n, err := c.nodeAt(s)
 		if err != nil {
@@ -113,14 +129,30 @@ func (c *Client) firstView(ctx context.Context) {
 		v, err := n.tc.GetClusterView(cctx, &pb.GetClusterViewRequest{})
 		cancel()
 		if err != nil {
+			if isAuthError(err) {
+				authErr = err
+				c.authRefused(err)
+				continue
+			}
 			c.log.Warn("tokenserver seed did not answer", "seed", s, "err", err)
 			continue
 		}
 		c.applyView(v, true)
 		if v.GetReady() {
-			return
+			return authErr
 		}
 	}
+	return authErr
+}
+
+// authRefused counts and logs (at error: a misconfiguration) a refusal of
+// the client's credentials.
+func (c *Client) authRefused(err error) {
+	c.m.authRefused.Inc()
+	if c.authLogged.Swap(true) {
+		return // once per client: a misconfiguration fails every call
+	}
+	c.log.Error("tokenserver client: the server refused this client's credentials; calls fail with ErrAuth", "err", err)
 }
 
 // nodeAt returns the node of a gRPC address, dialing it (lazily) the first
@@ -193,10 +225,16 @@ func (c *Client) updateMode() {
 		}
 	}
 	if c.inFb.Swap(fb) != fb {
-		if fb {
+		switch {
+		case fb:
+			// Only after having had a server: New says it when its wait
+			// ends without one.
 			c.log.Warn("tokenserver client: entering fallback")
-		} else {
+		case c.started.Load() || c.hadServer.Load():
 			c.log.Info("tokenserver client: back on the server")
+		}
+		if !fb {
+			c.hadServer.Store(true)
 		}
 	}
 	if fb {

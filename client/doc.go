@@ -76,8 +76,8 @@
 //
 // Fallback. When no server can decide a call within the call timeout
 // (WithCallTimeout, default 50ms): the owner and its next owner do not
-// answer in time, answer Unavailable or ResourceExhausted, or every member
-// is down, the call is decided locally under the rule's fallback policy:
+// answer in time, answer Unavailable, or every member is down, the call
+// is decided locally under the rule's fallback policy:
 // LOCAL throttles each (rule, key) with a golang.org/x/time/rate limiter at
 // fallback.limit per rule period for this client instance; ALLOW admits;
 // DENY refuses with ErrUnavailable. Until the client has learned the rule,
@@ -88,6 +88,36 @@
 // and key for LOCAL. A server denial is never turned into a local allow. A
 // caller is never blocked longer than its deadline because the server is
 // down.
+//
+// The bucket cap. A node at its bucket cap answers a new key
+// ResourceExhausted. That is not an unreachable server: the server
+// answered, and one client flooding distinct keys can fill a rule's share
+// and keep it full. So the rule's fallback policy (or the Limiter's
+// WithFallback option) decides, and when neither is known the call is
+// denied with ErrUnavailable, never allowed by default. The trade-off:
+// legitimate new keys are refused while the flood lasts, rather than
+// admitted without any limit; a rule whose operators prefer availability
+// sets fallback ALLOW (or LOCAL with a per-instance limit) and gets it.
+//
+// Credentials refused. A server that refuses the client's credentials
+// (Unauthenticated: a wrong or revoked token; PermissionDenied: a token or
+// certificate without the client role; a TLS handshake that fails
+// verification, such as an x509 name mismatch or an unknown CA) answered:
+// the client is misconfigured. New returns the refusal (an *AuthError,
+// ErrAuth for errors.Is, with the gRPC status inside) when no seed gave a
+// view, and every call returns it, denied; the fallback policy never turns
+// it into an allow, and it does not count as a node failure. It is
+// logged at error once and counted in
+// tokenserver_client_auth_refused_total.
+//
+// Start-up. New logs "entering fallback" at warn only when its wait ends
+// without a view; later, only when a client that had a server loses every
+// member.
+//
+// Limiters. Client.Limiter returns one Limiter per rule; a second call
+// with other options keeps the first options, logs the conflict at warn
+// and counts it in tokenserver_client_limiter_option_conflicts_total
+// (LimiterE returns ErrLimiterOptions instead).
 //
 // Unknown rules. A rule the server says does not exist is decided by the
 // Limiter's WithFallback option, else allowed, and the call returns

@@ -24,7 +24,37 @@ var (
 	ErrNotFound = errors.New("tokenserver: rule not found")
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("tokenserver: client closed")
+	// ErrAuth means the server refused this client's credentials: a token
+	// it does not know (Unauthenticated), a credential without the client
+	// role (PermissionDenied), or a TLS handshake that failed verification
+	// (an x509 error: a wrong CA, a certificate name mismatch). It is the
+	// client's misconfiguration, not an unreachable server: New and every
+	// call return it (as an *AuthError), and the fallback policy never
+	// turns it into an allow.
+	ErrAuth = errors.New("tokenserver: credentials refused")
+	// ErrLimiterOptions means Client.Limiter was called again for a rule
+	// with options that differ from the first call's (see Client.Limiter).
+	ErrLimiterOptions = errors.New("tokenserver: limiter options differ from the first call's")
 )
+
+// AuthError is a refusal of the client's credentials. It is ErrAuth for
+// errors.Is, and unwraps to the gRPC status error (status.Code and
+// status.FromError see its code).
+type AuthError struct {
+	// Err is the RPC's error.
+	Err error
+}
+
+// Error implements error.
+func (e *AuthError) Error() string {
+	return "tokenserver: credentials refused (check the token, its roles, and the TLS settings): " + e.Err.Error()
+}
+
+// Is makes an AuthError match ErrAuth.
+func (e *AuthError) Is(target error) bool { return target == ErrAuth }
+
+// Unwrap returns the RPC's error.
+func (e *AuthError) Unwrap() error { return e.Err }
 
 // DeniedError is a denial returned as an error (by Wait, WaitN and
 // Acquire). It is ErrDenied for errors.Is.

@@ -66,6 +66,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Handle, error) {
 			}
 			return l.c.hold(&Handle{l: l, key: key, grant: resp.GetGrantId(), period: period}), nil
 		}
+		if isAuthError(err) {
+			_, err = l.onError(ctx, st, ri, key, 1, err)
+			return nil, err
+		}
 		switch status.Code(err) {
 		case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition:
 			_, err = l.onError(ctx, st, ri, key, 1, err)
@@ -77,6 +81,11 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (*Handle, error) {
 	}
 	// Fallback.
 	p, limit, period, byDefault := l.policy(ri)
+	if byDefault && status.Code(err) == codes.ResourceExhausted {
+		// The server answered that it is out of room: no policy known,
+		// no allow (see Limiter.fallbackStrict).
+		p = FallbackDeny
+	}
 	switch {
 	case p == FallbackDeny || (p == FallbackLocal && limit <= 0):
 		l.count(Decision{Source: SourceFallback})

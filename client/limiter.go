@@ -83,23 +83,50 @@ type Limiter struct {
 }
 
 // Limiter returns the client's Limiter for the named rule, creating it with
-// opts on first use; later calls for the same rule return the same Limiter
-// and ignore their opts.
+// opts on first use. Later calls for the same rule return the same
+// Limiter: with equal options that is all; with options that differ, the
+// first call's stay in force, and the conflict is logged at warn and
+// counted in tokenserver_client_limiter_option_conflicts_total (never a
+// panic: a second library taking the same rule must not crash the
+// process). Use LimiterE to get ErrLimiterOptions instead.
 func (c *Client) Limiter(ruleName string, opts ...LimiterOption) *Limiter {
+	l, err := c.LimiterE(ruleName, opts...)
+	if err != nil {
+		c.m.limiterConflicts.WithLabelValues(ruleName).Inc()
+		c.log.Warn("tokenserver client: Limiter called again with other options; the first call's options stay in force",
+			"rule", ruleName, "first", l.o.String(), "ignored", optionsOf(opts).String())
+	}
+	return l
+}
+
+// LimiterE is Limiter that reports a conflict: for a rule that already has
+// a Limiter created with other options it returns that Limiter (its
+// options unchanged) and an error wrapping ErrLimiterOptions.
+func (c *Client) LimiterE(ruleName string, opts ...LimiterOption) (*Limiter, error) {
+	o := optionsOf(opts)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l := c.limiters[ruleName]; l != nil {
-		return l
+		if l.o != o {
+			return l, fmt.Errorf("rule %q: first %s, now %s: %w", ruleName, l.o.String(), o.String(), ErrLimiterOptions)
+		}
+		return l, nil
 	}
-	l := &Limiter{c: c, rule: ruleName, m: c.m.forRule(ruleName)}
-	for _, opt := range opts {
-		opt(&l.o)
-	}
+	l := &Limiter{c: c, rule: ruleName, m: c.m.forRule(ruleName), o: o}
 	if l.o.leasing {
 		l.keys = newKeyMap(DefaultMaxLeaseKeys)
 	}
 	c.limiters[ruleName] = l
-	return l
+	return l, nil
+}
+
+// optionsOf applies opts to zero options.
+func optionsOf(opts []LimiterOption) limiterOptions {
+	var o limiterOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
 }
 
 // Rule returns the name of the limiter's rule.
@@ -187,7 +214,7 @@ func (l *Limiter) ask(ctx context.Context, st *viewState, key string, req *pb.Ac
 			return nil, status.Error(codes.Unavailable, "no cluster view yet")
 		}
 		resp, err := n.acquire(cctx, req, avoid)
-		if err == nil || !(isNotReady(err) || notSent(err)) {
+		if err == nil || isAuthError(err) || !(isNotReady(err) || notSent(err)) {
 			return resp, err
 		}
 		if !slices.Contains(skip, n) {
@@ -245,10 +272,19 @@ func (l *Limiter) count(d Decision) {
 
 // onError turns an RPC error into the caller's answer: the server's
 // refusals become errors, failures to answer become fallback decisions. A
-// rule the server does not know is decided by the Limiter's WithFallback
-// option, else allowed, counted, and logged once.
+// refusal of the credentials is an *AuthError and a denial, never a
+// fallback. A rule the server does not know is decided by the Limiter's
+// WithFallback option, else allowed, counted, and logged once. The node's
+// bucket cap (ResourceExhausted) is decided by the fallback policy, but
+// denied when no policy is known.
 func (l *Limiter) onError(ctx context.Context, st *viewState, ri *ruleInfo, key string, n int64, err error) (Decision, error) {
+	if isAuthError(err) {
+		l.c.authRefused(err)
+		return Decision{RetryAfter: l.c.o.callTimeout}, fmt.Errorf("rule %q: %w", l.rule, &AuthError{Err: err})
+	}
 	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		return l.fallbackStrict(st, ri, key, n, err)
 	case codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition:
 		return Decision{}, fmt.Errorf("rule %q key %q: %s: %w", l.rule, key, l.serverMessage(err), ErrInvalid)
 	case codes.NotFound:
@@ -292,6 +328,20 @@ func (l *Limiter) policy(ri *ruleInfo) (p FallbackPolicy, limit int64, period ti
 		return l.o.fbPolicy, l.o.fbLimit, period, false
 	}
 	return FallbackAllow, 0, period, true
+}
+
+// fallbackStrict decides locally because the server refused the call for
+// lack of room (its bucket cap, ResourceExhausted): by the fallback policy
+// when one is known, else denied. The server answered, so "allow while the
+// server is unreachable" does not apply: one client flooding new keys must
+// not switch limiting off for every new key.
+func (l *Limiter) fallbackStrict(st *viewState, ri *ruleInfo, key string, n int64, cause error) (Decision, error) {
+	if _, _, _, byDefault := l.policy(ri); byDefault {
+		d := Decision{Source: SourceFallback, RetryAfter: l.c.o.callTimeout}
+		l.count(d)
+		return d, fmt.Errorf("rule %q: the server is out of room for new keys (%v) and no fallback policy is known: denied: %w", l.rule, causeText(cause), ErrUnavailable)
+	}
+	return l.fallback(st, ri, key, n, cause)
 }
 
 // fallback decides locally because of cause.

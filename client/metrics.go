@@ -8,15 +8,17 @@ import (
 
 // metrics are the client's Prometheus metrics. No key is ever a label.
 type metrics struct {
-	decisions    *prometheus.CounterVec // rule, source, result
-	rpcs         *prometheus.CounterVec // method
-	fallback     prometheus.Gauge
-	viewEpoch    prometheus.Gauge
-	viewMembers  prometheus.Gauge
-	defaultAllow prometheus.Counter
-	unknownRule  *prometheus.CounterVec // rule
-	leaseTokens  *prometheus.CounterVec // rule, event
-	batch        prometheus.Histogram
+	decisions        *prometheus.CounterVec // rule, source, result
+	rpcs             *prometheus.CounterVec // method
+	fallback         prometheus.Gauge
+	viewEpoch        prometheus.Gauge
+	viewMembers      prometheus.Gauge
+	defaultAllow     prometheus.Counter
+	unknownRule      *prometheus.CounterVec // rule
+	leaseTokens      *prometheus.CounterVec // rule, event
+	batch            prometheus.Histogram
+	authRefused      prometheus.Counter
+	limiterConflicts *prometheus.CounterVec // rule
 
 	rpcAcquire, rpcAcquireBatch, rpcRefill, rpcRenew, rpcView, rpcWatch prometheus.Counter
 }
@@ -60,6 +62,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Items per coalesced acquire RPC.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000},
 		}),
+		authRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenserver_client_auth_refused_total",
+			Help: "Calls the server refused for the client's credentials (Unauthenticated, PermissionDenied, TLS verification); never decided by the fallback.",
+		}),
+		limiterConflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenserver_client_limiter_option_conflicts_total",
+			Help: "Client.Limiter calls for a rule that already had a Limiter with other options (the first options stay), by rule.",
+		}, []string{"rule"}),
 	}
 	m.decisions = register(reg, m.decisions)
 	m.rpcs = register(reg, m.rpcs)
@@ -70,6 +80,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.unknownRule = register(reg, m.unknownRule)
 	m.leaseTokens = register(reg, m.leaseTokens)
 	m.batch = register(reg, m.batch)
+	m.authRefused = register(reg, m.authRefused)
+	m.limiterConflicts = register(reg, m.limiterConflicts)
 	m.rpcAcquire = m.rpcs.WithLabelValues("AcquireToken")
 	m.rpcAcquireBatch = m.rpcs.WithLabelValues("AcquireTokens")
 	m.rpcRefill = m.rpcs.WithLabelValues("RefillToken")

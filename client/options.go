@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -158,6 +159,15 @@ type limiterOptions struct {
 	leaseMax int64
 	leaseTTL time.Duration
 	leasing  bool
+}
+
+// String describes o for logs.
+func (o limiterOptions) String() string {
+	s := fmt.Sprintf("fallback=%s/%d", o.fbPolicy, o.fbLimit)
+	if o.leasing {
+		s += fmt.Sprintf(" lease=%d/%v", o.leaseMax, o.leaseTTL)
+	}
+	return s
 }
 
 // WithFallback sets the fallback policy used until the client has seen the

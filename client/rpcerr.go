@@ -82,10 +82,33 @@ func isNotReady(err error) bool {
 	return strings.Contains(st.Message(), "no routing view")
 }
 
+// isAuthError reports whether err is a refusal of the client's
+// credentials: Unauthenticated, PermissionDenied, or a TLS handshake that
+// failed (grpc-go reports it as Unavailable, "authentication handshake
+// failed", with the x509 or tls error). Such a node answered; the client
+// is misconfigured.
+func isAuthError(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Unauthenticated, codes.PermissionDenied:
+		return true
+	case codes.Unavailable:
+		msg := st.Message()
+		return strings.Contains(msg, "authentication handshake failed") || strings.Contains(msg, "x509: ")
+	}
+	return false
+}
+
 // isNodeFailure reports whether err says the node could not answer (as
-// opposed to an answer that is an error, like NotFound or
-// ResourceExhausted).
+// opposed to an answer that is an error, like NotFound, ResourceExhausted
+// or a refusal of the credentials).
 func isNodeFailure(err error) bool {
+	if isAuthError(err) {
+		return false
+	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Internal, codes.Unknown:
 		return true

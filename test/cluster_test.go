@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -28,17 +27,6 @@ import (
 	"github.com/tokenserver/tokenserver/internal/testcluster"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
-
-// freePort returns a 127.0.0.1 address that was free a moment ago.
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // procCluster is N tokenserver processes started with --bootstrap-expect.
 type procCluster struct {

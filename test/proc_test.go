@@ -46,7 +46,13 @@ type serverProc struct {
 // it logs that it serves, reading its addresses from that line.
 func startServer(t *testing.T, args ...string) *serverProc {
 	t.Helper()
-	cmd := exec.Command(bin(t, "tokenserver"), append([]string{"--log-format", "json"}, args...)...)
+	return startServerCmd(t, exec.Command(bin(t, "tokenserver"), append([]string{"--log-format", "json"}, args...)...))
+}
+
+// startServerCmd is startServer for a prepared command (tokenserver run
+// through `ip netns exec`, say).
+func startServerCmd(t *testing.T, cmd *exec.Cmd) *serverProc {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	_ "time/tzdata" // calendar windows name IANA zones; the host may lack a zone database
 )
 
 func main() {

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +26,8 @@ import (
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/server"
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
+
+	_ "time/tzdata" // calendar windows name IANA zones; the host may lack a zone database
 )
 
 func main() {
@@ -57,6 +61,25 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		}
 		fmt.Fprintf(w, "    \t%s\n", strings.ReplaceAll(usage, "\n", "\n    \t"))
 	})
+}
+
+// uint32Flag is a flag.Value of a uint32.
+type uint32Flag struct{ p *uint32 }
+
+func (f uint32Flag) String() string {
+	if f.p == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*f.p), 10)
+}
+
+func (f uint32Flag) Set(s string) error {
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return fmt.Errorf("want a whole number below 2^32: %w", err)
+	}
+	*f.p = uint32(v)
+	return nil
 }
 
 // options are the command's flags.
@@ -127,6 +150,17 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cfg.SweepInterval, "sweep-interval", o.cfg.SweepInterval, "how often idle buckets are evicted")
 	fs.DurationVar(&o.cfg.ShutdownGrace, "shutdown-grace", o.cfg.ShutdownGrace, "on SIGTERM, the most time to leave the routing view, linger and let calls in flight finish")
 	fs.IntVar(&o.cfg.MaxViewStreams, "max-view-streams", server.DefaultMaxViewStreams, "most WatchClusterView streams served at once; past it a new stream gets RESOURCE_EXHAUSTED (SDK clients watch another member)")
+	fs.Var(uint32Flag{&o.cfg.MaxConcurrentStreams}, "max-concurrent-streams", fmt.Sprintf("most calls one client connection has open at once (HTTP/2 MAX_CONCURRENT_STREAMS; bounds a rapid-reset flood) (default %d)", server.DefaultMaxConcurrentStreams))
+	fs.Var(uint32Flag{&o.cfg.MaxHeaderListSize}, "max-header-size", fmt.Sprintf("largest header block of a gRPC request, in bytes (default %d)", server.DefaultMaxHeaderListSize))
+	fs.DurationVar(&o.cfg.ConnectionTimeout, "connection-timeout", server.DefaultConnectionTimeout, "time a new connection has for its TLS handshake and HTTP/2 preface")
+	fs.IntVar(&o.cfg.MaxConns, "max-conns", server.DefaultMaxConns, "most connections the gRPC port holds at once; past it a new one is closed")
+	fs.IntVar(&o.cfg.MaxConnsPerIP, "max-conns-per-ip", server.DefaultMaxConnsPerIP, "most gRPC connections from one remote IP address")
+	fs.IntVar(&o.cfg.MaxHTTPConns, "max-http-conns", server.DefaultMaxHTTPConns, "most connections the HTTP port holds at once")
+	fs.IntVar(&o.cfg.MaxHTTPConnsPerIP, "max-http-conns-per-ip", server.DefaultMaxHTTPConnsPerIP, "most HTTP connections from one remote IP address")
+	fs.IntVar(&o.cfg.MaxHealthWatches, "max-health-watches", server.DefaultMaxHealthWatches, "most gRPC health Watch streams at once (Check, what probes use, is not capped)")
+	fs.IntVar(&o.cfg.MaxViewStreamsPerPrincipal, "max-view-streams-per-principal", server.DefaultMaxViewStreamsPerPrincipal, "most WatchClusterView streams of one caller (its principal, or its IP address without authentication)")
+	fs.DurationVar(&o.cfg.ForwardTimeout, "forward-timeout", server.DefaultForwardTimeout, "most time the first attempt of a call forwarded to a key's owner gets (and at most half the caller's time left) before the key's next owner decides")
+	fs.StringVar(&o.cfg.MetricsAuth, "metrics-auth", "open", "who may read /metrics (rule names and traffic): open, or token (a bearer token of --auth-tokens with the viewer role)")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
 	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --pprof-addr")
@@ -227,10 +261,20 @@ func (o *options) security(log *slog.Logger) (func(), error) {
 	if f.tlsCert == "" && (f.tlsClientCA != "" || f.peerCert != "" || f.peerCA != "") {
 		return nil, errors.New("--tls-client-ca and the --peer-tls flags need --tls-cert and --tls-key: the gRPC port, which peers call too, must serve TLS")
 	}
-	rl, err := tlsutil.New(tlsutil.Files{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA,
-		PeerCertFile: f.peerCert, PeerKeyFile: f.peerKey, PeerCAFile: f.peerCA}, tlsutil.Options{Logger: log})
-	if err != nil {
-		return nil, err
+	// A node without TLS has no reloader (it would log that certificates
+	// were loaded).
+	rl := (*tlsutil.Reloader)(nil)
+	if f.tlsCert != "" {
+		var err error
+		if rl, err = tlsutil.New(tlsutil.Files{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA,
+			PeerCertFile: f.peerCert, PeerKeyFile: f.peerKey, PeerCAFile: f.peerCA}, tlsutil.Options{Logger: log}); err != nil {
+			return nil, err
+		}
+	}
+	closeRL := func() {
+		if rl != nil {
+			rl.Close()
+		}
 	}
 	mode := f.tlsClientAuth
 	if mode == "" {
@@ -241,22 +285,29 @@ func (o *options) security(log *slog.Logger) (func(), error) {
 	}
 	ca, err := tlsutil.ParseClientAuth(mode)
 	if err != nil {
-		rl.Close()
+		closeRL()
 		return nil, fmt.Errorf("--tls-client-auth: %w", err)
 	}
 	if ca != tlsutil.ClientAuthNone && f.tlsClientCA == "" {
-		rl.Close()
+		closeRL()
 		return nil, fmt.Errorf("--tls-client-auth=%s needs --tls-client-ca", mode)
 	}
 	az, err := auth.New(auth.Options{TokenFile: f.authTokens, ClientCerts: f.tlsClientCA != "", Logger: log})
 	if err != nil {
-		rl.Close()
+		closeRL()
 		return nil, err
 	}
-	closeAll := func() { az.Close(); rl.Close() }
+	closeAll := func() { az.Close(); closeRL() }
 	if err := auth.CheckExposure(f.tlsCert != "", az.Enabled(), f.insecure, o.cfg.GRPCAddr, o.raft.RaftBind, o.cfg.HTTPAddr); err != nil {
 		closeAll()
 		return nil, err
+	}
+	if err := checkCallerAuth(f.tlsCert != "", az.Enabled(), f.insecure, o.cfg.GRPCAddr); err != nil {
+		closeAll()
+		return nil, err
+	}
+	if f.tlsCert != "" && !az.Enabled() {
+		log.Warn("TLS without caller authentication: anyone who reaches the gRPC port can call every method, writes included; add --auth-tokens or --tls-client-ca", "grpc", o.cfg.GRPCAddr)
 	}
 	if o.cfg.Pprof && !auth.IsLoopback(o.cfg.PprofAddr) && !f.insecure {
 		closeAll()
@@ -267,6 +318,18 @@ func (o *options) security(log *slog.Logger) (func(), error) {
 		o.cfg.Security.TLS = rl
 	}
 	return closeAll, nil
+}
+
+// checkCallerAuth is the protected mode's second half (auth.CheckExposure
+// is the first): TLS encrypts, but says nothing of who calls, so a gRPC
+// port that other hosts reach needs caller authentication (--auth-tokens
+// or --tls-client-ca) unless --insecure.
+func checkCallerAuth(tlsOn, authOn, insecure bool, grpcAddr string) error {
+	if !tlsOn || authOn || insecure || auth.IsLoopback(grpcAddr) {
+		return nil
+	}
+	return fmt.Errorf("refusing to serve %s with TLS but no caller authentication: TLS encrypts the calls but anyone who reaches the port could rewrite the rules and save snapshots. "+
+		"Add --auth-tokens and/or --tls-client-ca (callers' identities), listen on 127.0.0.1, or pass --insecure", grpcAddr)
 }
 
 func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
@@ -306,6 +369,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer closeSec()
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(o.gcPercent)
+	}
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		budget := cmp.Or(o.cfg.MaxBucketMemory, server.DefaultBucketMemory())
+		o.cfg.MaxBucketMemory = budget // fixed before the limit changes DefaultBucketMemory
+		limit := server.MemoryLimitFor(budget)
+		debug.SetMemoryLimit(limit)
+		log.Info("memory limit set from --max-bucket-memory (GOMEMLIMIT is not set)", "max_bucket_memory", budget, "memory_limit", limit)
 	}
 	var join []string
 	for _, a := range strings.Split(o.join, ",") {

@@ -6,10 +6,10 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/filewatch"
-	"github.com/tokenserver/tokenserver/internal/tlsutil"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -70,8 +69,17 @@ type Principal struct {
 	// OnBehalfOf is, on a write a peer forwarded (to the leader), the
 	// caller the peer forwarded it for, as Actor returned there.
 	OnBehalfOf string
+	// Joining marks a peer whose node id is not in the cluster's
+	// membership: it may call JoinCluster, as itself only (see CheckJoin),
+	// and nothing else.
+	Joining bool
+	// Scope, when set, limits the principal to rule names matching it
+	// (see scope.go).
+	Scope string
 
-	have Role // Roles expanded
+	have   Role              // Roles expanded
+	digest [32]byte          // a token's SHA-256 (SourceToken)
+	leaf   *x509.Certificate // the verified certificate (SourceCertificate, SourcePeer)
 }
 
 // Has reports whether p holds role r, directly or by implication.
@@ -87,6 +95,26 @@ func (p *Principal) Actor() string {
 		return p.OnBehalfOf
 	}
 	return p.String()
+}
+
+// Via is, on a call a peer forwarded for another caller, the forwarding
+// node ("peer:node:ID"); "" otherwise. Audit logs name both: principal=
+// Actor, via=Via.
+func (p *Principal) Via() string {
+	if p == nil || p.OnBehalfOf == "" {
+		return ""
+	}
+	return p.String()
+}
+
+// AuditAttrs are the slog attributes that name the author of a call:
+// principal (Actor), and via (the forwarding node) when a peer forwarded
+// it.
+func (p *Principal) AuditAttrs() []any {
+	if v := p.Via(); v != "" {
+		return []any{"principal", p.Actor(), "via", v}
+	}
+	return []any{"principal", p.Actor()}
 }
 
 // String is "source:name", for logs.
@@ -186,18 +214,21 @@ func identify(cs *tls.ConnectionState, peers PeerChecker) *Principal {
 	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
 		return nil
 	}
+	leaf := cs.VerifiedChains[0][0]
 	if peers != nil {
 		if id, ok := peers.PeerID(cs); ok {
 			name := "node:" + id
 			if id == "" {
-				name = "node:" + cs.VerifiedChains[0][0].Subject.CommonName
+				name = "node:" + leaf.Subject.CommonName
 			}
 			p := newPrincipal(name, AllRoles, SourcePeer)
-			p.NodeID = id
+			p.NodeID, p.leaf = id, leaf
 			return p
 		}
 	}
-	return certPrincipal(cs.VerifiedChains[0][0])
+	p := certPrincipal(leaf)
+	p.leaf = leaf
+	return p
 }
 
 func certPrincipal(c *x509.Certificate) *Principal {
@@ -234,6 +265,19 @@ type Options struct {
 	ReloadInterval time.Duration
 	// Logger receives token file reloads; nil discards.
 	Logger *slog.Logger
+	// Members reports whether a node id is in the cluster's membership
+	// (the Raft configuration). A peer certificate naming an id it does
+	// not know is admitted only to JoinCluster, as itself (see CheckJoin).
+	// Nil admits every peer (a node without membership, as in tests).
+	// Streams of peers are checked again on Recheck.
+	Members func(id string) bool
+	// CertDenied reports whether a verified certificate (client or peer)
+	// is on the deny list (tlsutil.Reloader.SerialDenied); its calls are
+	// then Unauthenticated, and its streams end on Recheck. Nil denies
+	// none.
+	CertDenied func(*x509.Certificate) bool
+	// Now is the clock of the reload metrics (time.Now when nil).
+	Now func() time.Time
 }
 
 // Authenticator decides who a call comes from and whether it may run. With
@@ -245,6 +289,7 @@ type Authenticator struct {
 	enabled bool
 	tokens  atomic.Pointer[tokenTable]
 	watch   *filewatch.Watcher // the token file; nil without one
+	live    liveStreams        // streams to end when their principal goes
 }
 
 // New loads the token file, if any, and polls it for changes until Close.
@@ -253,6 +298,9 @@ func New(o Options) (*Authenticator, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
+	if a.o.Now == nil {
+		a.o.Now = time.Now
+	}
 	empty := tokenTable{}
 	a.tokens.Store(&empty)
 	if o.TokenFile != "" {
@@ -260,8 +308,13 @@ func New(o Options) (*Authenticator, error) {
 			Paths:    []string{o.TokenFile},
 			Interval: o.ReloadInterval,
 			Load:     a.load,
+			Now:      a.o.Now,
 			OnError: func(err error) {
-				a.log.Warn("auth: token file reload failed; the previous tokens stay", "error", err)
+				var bl *badLinesError
+				if errors.As(err, &bl) {
+					return // load logged each line
+				}
+				a.log.Warn("auth: token file reload failed; the previous tokens stay", "file", o.TokenFile, "error", err)
 			},
 		})
 		if err != nil {
@@ -282,16 +335,53 @@ func (a *Authenticator) Close() {
 	}
 }
 
+// badLinesError is a token file that was installed without its bad lines.
+type badLinesError struct {
+	file string
+	bad  []error
+}
+
+func (e *badLinesError) Error() string {
+	return fmt.Sprintf("%s: %d bad lines left out (the other lines are in use): %v", e.file, len(e.bad), errors.Join(e.bad...))
+}
+
+// Unwrap returns the lines' errors.
+func (e *badLinesError) Unwrap() []error { return e.bad }
+
 // load installs the tokens of the token file's content (filewatch calls it
-// once from New, then on each change).
+// once from New, then on each change). New's load must be clean: a bad
+// line refuses to start. A reload leaves the bad lines out, logs each, and
+// installs the rest, so that a typo in one line does not keep a removed
+// token working; it still returns an error (the reload metric says not
+// OK) and the bad lines are the only tokens not in effect. A content with
+// no good line but some bad ones (not a token file: garbage, a binary) is
+// refused as a whole and the previous tokens stay. Streams whose token
+// left the table end (see Revocable).
 func (a *Authenticator) load(c filewatch.Content) error {
-	t, err := parseTokens(c.Files[0].Data, a.o.TokenFile)
-	if err != nil {
-		return err
+	t, bad := parseTokenLines(c.Files[0].Data, a.o.TokenFile)
+	if c.Generation <= 1 && len(bad) > 0 {
+		return errors.Join(bad...)
 	}
+	if len(bad) > 0 && len(t) == 0 {
+		return fmt.Errorf("%s: no valid line, the previous tokens stay: %w", a.o.TokenFile, errors.Join(bad...))
+	}
+	old := a.tokens.Load()
 	a.tokens.Store(&t)
+	for _, err := range bad {
+		a.log.Warn("auth: token file line ignored: its token is not accepted", "error", err)
+	}
 	if c.Generation > 1 { // a reload, not New's load
-		a.log.Info("auth: token file loaded", "file", a.o.TokenFile, "tokens", len(t))
+		gone := 0
+		for d, p := range *old {
+			if q := t[d]; q == nil || q.Name != p.Name || q.Roles != p.Roles {
+				gone++
+			}
+		}
+		a.log.Info("auth: token file loaded", "file", a.o.TokenFile, "tokens", len(t), "revoked_or_changed", gone, "bad_lines", len(bad))
+		a.Recheck()
+	}
+	if len(bad) > 0 {
+		return &filewatch.PartialError{Err: &badLinesError{file: a.o.TokenFile, bad: bad}}
 	}
 	return nil
 }
@@ -309,9 +399,16 @@ func (a *Authenticator) Reload() error {
 var (
 	errNoCredential = status.Error(codes.Unauthenticated,
 		"no credential: send a client certificate of the client CA or an `authorization: Bearer TOKEN` header")
-	errBadToken  = status.Error(codes.Unauthenticated, "the bearer token is not in the server's token file")
-	errBadHeader = status.Error(codes.Unauthenticated, "the authorization header must be `Bearer TOKEN`")
+	errBadToken     = status.Error(codes.Unauthenticated, "the bearer token is not in the server's token file")
+	errBadHeader    = status.Error(codes.Unauthenticated, "the authorization header must be `Bearer TOKEN`")
+	errTokenTooLong = status.Errorf(codes.Unauthenticated, "the bearer token is longer than %d bytes", MaxTokenBytes)
+	errCertDenied   = status.Error(codes.Unauthenticated, "the client certificate's serial number is on the server's deny list")
 )
+
+// MaxTokenBytes bounds a bearer token. A longer authorization header is
+// refused before its token is trimmed or hashed: tokens NewToken makes
+// are 43 bytes, and an attacker's megabytes cost no hashing.
+const MaxTokenBytes = 4096
 
 // Authorize finds the principal of the call to fullMethod in ctx and checks
 // that it holds the method's role. It returns ctx carrying the principal
@@ -332,10 +429,16 @@ func (a *Authenticator) Authorize(ctx context.Context, fullMethod string) (conte
 	if err != nil {
 		return ctx, err
 	}
+	if p.Joining && fullMethod != pb.AdminService_JoinCluster_FullMethodName {
+		return ctx, status.Errorf(codes.PermissionDenied, "%s is not a member of the cluster: it may only join it, as itself", p)
+	}
 	if m.access == accessRole && !p.Has(m.role) {
 		return ctx, status.Errorf(codes.PermissionDenied, "%s lacks role %s for %s", p, m.role, fullMethod)
 	}
-	if m.write && p.IsPeer() {
+	if err := p.scopeAllows(fullMethod); err != nil {
+		return ctx, err
+	}
+	if m.write && p.IsPeer() && !p.Joining {
 		if v := metadata.ValueFromIncomingContext(ctx, PrincipalHeader); len(v) > 0 && v[0] != "" {
 			fp := *p
 			fp.OnBehalfOf = v[0]
@@ -371,7 +474,15 @@ func (a *Authenticator) principal(ctx context.Context) (*Principal, error) {
 			cert = identify(&ai.State, a.o.Peers)
 		}
 	}
+	if cert != nil && cert.leaf != nil && a.o.CertDenied != nil && a.o.CertDenied(cert.leaf) {
+		return nil, errCertDenied
+	}
 	if cert.IsPeer() {
+		if cert.NodeID != "" && a.o.Members != nil && !a.o.Members(cert.NodeID) {
+			j := *cert
+			j.Joining = true
+			return &j, nil
+		}
 		return cert, nil
 	}
 	if a.o.TokenFile != "" {
@@ -392,6 +503,9 @@ func (a *Authenticator) principal(ctx context.Context) (*Principal, error) {
 // with respect to the secrets. The file holds digests only.
 func (a *Authenticator) token(header string) (*Principal, error) {
 	const prefix = "bearer "
+	if len(header) > len(prefix)+MaxTokenBytes+2 { // +2: a little whitespace
+		return nil, errTokenTooLong
+	}
 	if len(header) <= len(prefix) || !strings.EqualFold(header[:len(prefix)], prefix) {
 		return nil, errBadHeader
 	}
@@ -416,14 +530,17 @@ func (a *Authenticator) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
-// StreamInterceptor authorizes streaming calls.
+// StreamInterceptor authorizes streaming calls, and ends a stream whose
+// principal is revoked while it runs (see Revocable).
 func (a *Authenticator) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx, err := a.Authorize(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
 		}
-		return handler(srv, &principalStream{ServerStream: ss, ctx: ctx})
+		ctx, stop := a.Revocable(ctx)
+		defer stop()
+		return StreamError(ctx, handler(srv, &principalStream{ServerStream: ss, ctx: ctx}))
 	}
 }
 
@@ -433,61 +550,3 @@ type principalStream struct {
 }
 
 func (s *principalStream) Context() context.Context { return s.ctx }
-
-// BearerToken is gRPC per-RPC credentials sending `authorization: Bearer
-// Token`. Over a connection without TLS it sends the token only to a
-// loopback address (a token never leaves the host in clear text).
-type BearerToken struct {
-	Token string
-}
-
-// GetRequestMetadata implements credentials.PerRPCCredentials.
-func (b BearerToken) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
-	if err := PlaintextTokenCheck(ctx, uri...); err != nil {
-		return nil, err
-	}
-	return map[string]string{"authorization": "Bearer " + b.Token}, nil
-}
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials: false,
-// so that loopback works without TLS; GetRequestMetadata guards the rest.
-func (b BearerToken) RequireTransportSecurity() bool { return false }
-
-// PlaintextTokenCheck fails when the call in ctx travels without TLS to a
-// host that is not a loopback address; uri is the audience gRPC passes to
-// GetRequestMetadata.
-func PlaintextTokenCheck(ctx context.Context, uri ...string) error {
-	ri, _ := credentials.RequestInfoFromContext(ctx)
-	if credentials.CheckSecurityLevel(ri.AuthInfo, credentials.PrivacyAndIntegrity) == nil {
-		return nil
-	}
-	host := ""
-	if len(uri) > 0 {
-		if u, err := url.Parse(uri[0]); err == nil {
-			host = u.Hostname()
-		}
-	}
-	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
-		return nil
-	}
-	return status.Errorf(codes.Unauthenticated, "refusing to send a bearer token without TLS to %q: set TLS up (a CA to verify the server)", host)
-}
-
-// PeerNamesNode reports whether the call in ctx comes over a connection
-// whose client certificate is a peer certificate naming node id in a
-// tokenserver://node/ID URI SAN (a certificate shared by a StatefulSet's
-// pods may name several). JoinCluster uses it to check that a joining node
-// is who it says; false when the certificate names no id (a peer CA
-// without node URIs): then the join probe must confirm the id.
-func PeerNamesNode(ctx context.Context, id string) bool {
-	pr, ok := peer.FromContext(ctx)
-	if !ok {
-		return false
-	}
-	ai, ok := pr.AuthInfo.(AuthInfo)
-	if !ok || !ai.Principal.IsPeer() {
-		return false
-	}
-	chains := ai.State.VerifiedChains
-	return len(chains) > 0 && len(chains[0]) > 0 && tlsutil.HasNodeID(chains[0][0], id)
-}

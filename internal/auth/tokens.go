@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -14,41 +15,69 @@ import (
 // tokenTable maps SHA-256 digests of bearer tokens to their principals.
 type tokenTable map[[32]byte]*Principal
 
-// parseTokens parses a token file: one `sha256:HEX PRINCIPAL ROLE[,ROLE...]`
-// per line; blank lines and lines starting with # are skipped.
+// parseTokens parses a token file strictly: the table of its good lines,
+// and an error joining every bad line's (nil when none is bad).
 func parseTokens(data []byte, name string) (tokenTable, error) {
+	t, bad := parseTokenLines(data, name)
+	return t, errors.Join(bad...)
+}
+
+// parseTokenLines parses a token file: one `sha256:HEX PRINCIPAL
+// ROLE[,ROLE...]` per line; blank lines and lines starting with # are
+// skipped. A bad line is left out of the table and reported, each with
+// its line number, so that one typo does not keep the rest of an edit
+// (removals included) from taking effect. A hash listed twice is left out
+// altogether: which of its lines was meant is unknown.
+func parseTokenLines(data []byte, name string) (tokenTable, []error) {
 	t := tokenTable{}
+	var bad []error
+	dupes := map[[32]byte]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for line := 1; sc.Scan(); line++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" || strings.HasPrefix(text, "#") {
 			continue
 		}
-		f := strings.Fields(text)
-		if len(f) != 3 {
-			return nil, fmt.Errorf("%s:%d: want `sha256:HEX PRINCIPAL ROLE[,ROLE...]`, got %d fields", name, line, len(f))
+		d, p, err := parseTokenLine(text)
+		if err == nil && (t[d] != nil || dupes[d]) {
+			dupes[d] = true
+			err = errors.New("the same token hash is listed twice (both lines are ignored)")
 		}
-		hexDigest, ok := strings.CutPrefix(f[0], "sha256:")
-		if !ok {
-			return nil, fmt.Errorf("%s:%d: the token hash must start with sha256: (the file holds hashes, never tokens)", name, line)
-		}
-		var d [32]byte
-		if n, err := hex.Decode(d[:], []byte(hexDigest)); err != nil || n != 32 || len(hexDigest) != 64 {
-			return nil, fmt.Errorf("%s:%d: sha256: wants 64 hex digits", name, line)
-		}
-		roles, err := ParseRoles(f[2])
 		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", name, line, err)
+			bad = append(bad, fmt.Errorf("%s:%d: %w", name, line, err))
+			continue
 		}
-		if _, dup := t[d]; dup {
-			return nil, fmt.Errorf("%s:%d: the same token hash is listed twice", name, line)
-		}
-		t[d] = &Principal{Name: f[1], Roles: roles, Source: SourceToken, have: roles.expand()}
+		t[d] = p
+	}
+	for d := range dupes {
+		delete(t, d)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		bad = append(bad, fmt.Errorf("%s: %w", name, err))
 	}
-	return t, nil
+	return t, bad
+}
+
+// parseTokenLine parses one non-blank, non-comment line.
+func parseTokenLine(text string) ([32]byte, *Principal, error) {
+	var d [32]byte
+	f := strings.Fields(text)
+	if len(f) != 3 {
+		return d, nil, fmt.Errorf("want `sha256:HEX PRINCIPAL ROLE[,ROLE...]`, got %d fields", len(f))
+	}
+	hexDigest, ok := strings.CutPrefix(f[0], "sha256:")
+	if !ok {
+		return d, nil, errors.New("the token hash must start with sha256: (the file holds hashes, never tokens)")
+	}
+	if n, err := hex.Decode(d[:], []byte(hexDigest)); err != nil || n != 32 || len(hexDigest) != 64 {
+		return d, nil, errors.New("sha256: wants 64 hex digits")
+	}
+	roles, scope, err := parseScopedRoles(f[2])
+	if err != nil {
+		return d, nil, err
+	}
+	return d, &Principal{Name: f[1], Roles: roles, Source: SourceToken, Scope: scope, have: roles.expand(), digest: d}, nil
 }
 
 // NewToken returns a random bearer token (256 bits, URL-safe base64) and

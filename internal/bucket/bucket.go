@@ -378,7 +378,7 @@ type Bucket interface {
 	Renew(c *Config, now int64, g Grant) bool
 	// Reconfigure moves the bucket from Config old to new (same Algorithm),
 	// keeping its state clamped to the new capacity.
-	Reconfigure(old, new *Config, now int64)
+	Reconfigure(prev, next *Config, now int64)
 	// Idle reports whether the bucket is back at its initial state (a full
 	// token bucket, an empty window, no live leases, nothing owed), so that
 	// dropping it and making a new one later changes no decision.

@@ -123,8 +123,8 @@ func mustZone(name string) *time.Location {
 
 // wall is a wall-clock time in loc as Unix nanoseconds, the `now` of a
 // calendar bucket.
-func wall(loc *time.Location, y int, m time.Month, d, h, min int) int64 {
-	return time.Date(y, m, d, h, min, 0, 0, loc).UnixNano()
+func wall(loc *time.Location, y int, m time.Month, d, h, mi int) int64 {
+	return time.Date(y, m, d, h, mi, 0, 0, loc).UnixNano()
 }
 
 // clone deep-copies a bucket, so a test can look ahead without touching it.

@@ -42,7 +42,7 @@ func runAt(t *testing.T, c *Config, start int64, steps []step) {
 
 func TestCalendarMonthAcrossDST(t *testing.T) {
 	berlin := mustZone("Europe/Berlin")
-	at := func(y int, m time.Month, d, h, min int) int64 { return wall(berlin, y, m, d, h, min) }
+	at := func(y int, m time.Month, d, h, mi int) int64 { return wall(berlin, y, m, d, h, mi) }
 	c := &Config{Algorithm: FixedWindow, Limit: 3, Calendar: CalendarMonth, Location: berlin}
 	// March 2024 loses an hour on the 31st at 02:00: it lasts 743h.
 	march := at(2024, 3, 1, 0, 0)
@@ -80,7 +80,7 @@ func TestCalendarMonthAcrossDST(t *testing.T) {
 
 func TestCalendarDayOf23And25Hours(t *testing.T) {
 	berlin := mustZone("Europe/Berlin")
-	at := func(y int, m time.Month, d, h, min int) int64 { return wall(berlin, y, m, d, h, min) }
+	at := func(y int, m time.Month, d, h, mi int) int64 { return wall(berlin, y, m, d, h, mi) }
 	c := &Config{Algorithm: FixedWindow, Limit: 2, Calendar: CalendarDay, Location: berlin}
 	runAt(t, c, at(2024, 3, 30, 12, 0), []step{
 		acquire(at(2024, 3, 30, 12, 0), 2, Result{Allowed: true, Granted: 2, ResetAfter: 12 * hour}),

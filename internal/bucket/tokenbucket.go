@@ -76,7 +76,7 @@ func (b *tokenBucket) Acquire(c *Config, now int64, r Request) Result {
 	if c.Warmup > 0 {
 		return b.acquireWarm(c, now, r)
 	}
-	now = b.advance(c, now)
+	b.advance(c, now)
 	eps := tokenEps(c)
 	capacity := c.Capacity()
 	fcap := float64(capacity)

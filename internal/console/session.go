@@ -110,12 +110,6 @@ func (s *sessionStore) delete(id string) {
 	s.mu.Unlock()
 }
 
-func (s *sessionStore) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.sessions)
-}
-
 // setFlash keeps a one-shot message for the session's next page.
 func (s *sessionStore) setFlash(ss *session, msg string) {
 	s.mu.Lock()

@@ -11,6 +11,7 @@ package filewatch
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -60,8 +61,24 @@ type Options struct {
 	// is not offered again.
 	Load func(Content) error
 	// OnError receives the errors of polls (a file that cannot be read, or
-	// Load's error); nil drops them.
+	// Load's error); nil drops them. The same error on consecutive polls
+	// (a file that stays deleted) is reported once; Status keeps saying it.
 	OnError func(error)
+	// Now is the clock of Status's times (time.Now when nil).
+	Now func() time.Time
+}
+
+// Status is the outcome of a Watcher's checks, for metrics.
+type Status struct {
+	// OK reports whether the last check read the files and the content in
+	// use is theirs: false after a read error (a deleted file) or a
+	// content that Load refused, until a later check succeeds.
+	OK bool
+	// LastSuccess is when a check last found the files readable and their
+	// content loaded (loaded then, or unchanged since).
+	LastSuccess time.Time
+	// Err is the last check's error (nil when OK).
+	Err error
 }
 
 // ReadError is a watched file or directory that could not be read.
@@ -81,9 +98,12 @@ type Watcher struct {
 	o   Options
 	gen atomic.Uint64
 
-	mu                 sync.Mutex // serializes Check
+	mu                 sync.Mutex // serializes Check; guards the fields below
 	loaded, lastFailed [32]byte
 	hasLoaded          bool
+	hasFailed          bool // lastFailed holds a refused content's digest
+	partial            bool // the loaded content was installed in part (PartialError)
+	status             Status
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -95,6 +115,9 @@ type Watcher struct {
 func New(o Options) (*Watcher, error) {
 	if o.Load == nil {
 		return nil, fmt.Errorf("filewatch: no Load")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	w := &Watcher{o: o, stop: make(chan struct{})}
 	if err := w.Check(); err != nil {
@@ -114,24 +137,64 @@ func New(o Options) (*Watcher, error) {
 // Check reads the files now and loads them when their content changed. It
 // returns a *ReadError, or Load's error the first time Load refuses a
 // content; nil when nothing changed.
+// A content Load refused is not offered again; while the files keep it,
+// Status stays not OK.
 func (w *Watcher) Check() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	refusedAgain, err := w.check()
+	switch {
+	case err != nil:
+		w.status.OK, w.status.Err = false, err
+	case !refusedAgain:
+		w.status = Status{OK: true, LastSuccess: w.o.Now()}
+	}
+	return err
+}
+
+func (w *Watcher) check() (refusedAgain bool, err error) {
 	c, err := w.read()
 	if err != nil {
-		return err
+		return false, err
 	}
-	if w.hasLoaded && c.Digest == w.loaded || c.Digest == w.lastFailed {
-		return nil
+	if w.hasLoaded && c.Digest == w.loaded {
+		return w.partial, nil
+	}
+	if w.hasFailed && c.Digest == w.lastFailed {
+		return true, nil // still the refused content, reported once
 	}
 	c.Generation = w.gen.Load() + 1
-	if err := w.o.Load(c); err != nil {
-		w.lastFailed = c.Digest
-		return err
+	err = w.o.Load(c)
+	var pe *PartialError
+	if err != nil && !errors.As(err, &pe) {
+		w.lastFailed, w.hasFailed = c.Digest, true
+		return false, err
 	}
-	w.loaded, w.hasLoaded = c.Digest, true
+	w.loaded, w.hasLoaded, w.partial = c.Digest, true, err != nil
+	w.hasFailed = false
 	w.gen.Add(1)
-	return nil
+	return false, err
+}
+
+// PartialError is what Load returns when it installed a content in part
+// (a token file without its bad lines): the content counts as loaded (its
+// generation is taken, and a return to the content before it loads that
+// again), while Check returns the error once and Status stays not OK until
+// the files change.
+type PartialError struct {
+	Err error
+}
+
+func (e *PartialError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *PartialError) Unwrap() error { return e.Err }
+
+// Status returns the outcome of the last check.
+func (w *Watcher) Status() Status {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status
 }
 
 // Generation counts the contents Load accepted: 1 after New.
@@ -147,13 +210,21 @@ func (w *Watcher) poll(interval time.Duration) {
 	defer w.wg.Done()
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	last := "" // the error last reported: a file that stays deleted is reported once
 	for {
 		select {
 		case <-w.stop:
 			return
 		case <-t.C:
-			if err := w.Check(); err != nil && w.o.OnError != nil {
-				w.o.OnError(err)
+			err := w.Check()
+			switch {
+			case err == nil:
+				last = ""
+			case err.Error() != last:
+				last = err.Error()
+				if w.o.OnError != nil {
+					w.o.OnError(err)
+				}
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -302,5 +303,118 @@ func TestGeneration(t *testing.T) {
 	}
 	if want := []uint64{1, 2, 2}; !slices.Equal(gens, want) || w.Generation() != 2 {
 		t.Errorf("Load saw generations %v (Generation %d), want %v", gens, w.Generation(), want)
+	}
+}
+
+// TestDeletedFileReportedAndExported: a file deleted after a good load is
+// reported (once, however many polls see it gone) and Status says so
+// until the file is back; the last success time stays that of the last
+// good check.
+func TestDeletedFileReportedAndExported(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a")
+	write(t, a, "1")
+	now := time.Unix(1000, 0)
+	var r recorder
+	w, err := New(Options{Paths: []string{a}, Interval: -1, Load: r.load, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if st := w.Status(); !st.OK || !st.LastSuccess.Equal(time.Unix(1000, 0)) || st.Err != nil {
+		t.Fatalf("after New: %+v", st)
+	}
+	now = time.Unix(2000, 0)
+	if err := os.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	var re *ReadError
+	if err := w.Check(); !errors.As(err, &re) {
+		t.Fatalf("Check of a deleted file = %v, want a *ReadError", err)
+	}
+	if st := w.Status(); st.OK || !st.LastSuccess.Equal(time.Unix(1000, 0)) || st.Err == nil {
+		t.Fatalf("after the delete: %+v", st)
+	}
+	write(t, a, "bad")
+	if err := w.Check(); err == nil {
+		t.Fatal("refused content: no error")
+	}
+	if err := w.Check(); err != nil {
+		t.Fatalf("refused content checked again: %v (reported once)", err)
+	}
+	if st := w.Status(); st.OK {
+		t.Fatalf("refused content still on disk, yet OK: %+v", st)
+	}
+	now = time.Unix(3000, 0)
+	write(t, a, "2")
+	if err := w.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.Status(); !st.OK || !st.LastSuccess.Equal(time.Unix(3000, 0)) {
+		t.Fatalf("after the fix: %+v", st)
+	}
+}
+
+// TestPollReportsAnErrorOnce: a poll that keeps failing the same way calls
+// OnError once.
+func TestPollReportsAnErrorOnce(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a")
+	write(t, a, "1")
+	errs := make(chan error, 100)
+	var r recorder
+	w, err := New(Options{Paths: []string{a}, Interval: time.Millisecond, Load: r.load, OnError: func(err error) { errs <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(a); err != nil {
+		t.Fatal(err)
+	}
+	<-errs
+	// Many more polls (one a millisecond) see the same error.
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	w.Close()
+	if n := len(errs); n != 0 {
+		t.Errorf("%d more reports of the same error", n)
+	}
+}
+
+// TestPartialLoad: a content Load installed in part counts as loaded (a
+// return to the previous content loads it again) and keeps Status not OK
+// until the files change.
+func TestPartialLoad(t *testing.T) {
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a")
+	write(t, a, "1")
+	var loads []string
+	load := func(c Content) error {
+		loads = append(loads, string(c.Files[0].Data))
+		if strings.HasPrefix(string(c.Files[0].Data), "part") {
+			return &PartialError{Err: errors.New("one bad line")}
+		}
+		return nil
+	}
+	w, err := New(Options{Paths: []string{a}, Interval: -1, Load: load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	write(t, a, "part")
+	var pe *PartialError
+	if err := w.Check(); !errors.As(err, &pe) {
+		t.Fatalf("Check = %v, want the PartialError", err)
+	}
+	if err := w.Check(); err != nil || w.Status().OK || w.Generation() != 2 {
+		t.Fatalf("again: %v, status %+v, generation %d; want nil, not OK, 2", err, w.Status(), w.Generation())
+	}
+	write(t, a, "1")
+	if err := w.Check(); err != nil || !w.Status().OK || w.Generation() != 3 {
+		t.Fatalf("back to the first content: %v, status %+v, generation %d", err, w.Status(), w.Generation())
+	}
+	if want := []string{"1", "part", "1"}; !slices.Equal(loads, want) {
+		t.Errorf("loads %q, want %q", loads, want)
 	}
 }

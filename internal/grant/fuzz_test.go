@@ -11,8 +11,8 @@ func FuzzParseGrant(f *testing.F) {
 	bk := []byte("api\x00k")
 	g := Grant{Nonce: 100, IssuedAt: 100e9, Permits: 3}
 	k.Seal(&g, bk, 1)
-	real := g.String()
-	f.Add(real)
+	sealed := g.String()
+	f.Add(sealed)
 	f.Add("")
 	f.Add("AQAAABeEEbIBAAAAF4QRsgAAAAAAAAAAASnhWZCpg06R")
 	f.Add(string(make([]byte, IDLen)))
@@ -24,7 +24,7 @@ func FuzzParseGrant(f *testing.F) {
 		if back := g.String(); back != id && !g.IsZero() {
 			t.Fatalf("Parse(%q) encodes back as %q", id, back)
 		}
-		if id == real {
+		if id == sealed {
 			return
 		}
 		if k.Open(&g, bk, 1) {

@@ -20,7 +20,7 @@ type leaseRun struct {
 }
 
 // run is worker.run for lease mode.
-func (lb *leaseRun) run(w *worker, ctx context.Context, o Options, keys []string, seed uint64, stop *atomic.Bool) {
+func (lb *leaseRun) run(ctx context.Context, w *worker, o Options, keys []string, seed uint64, stop *atomic.Bool) {
 	rng := rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))
 	var fromLease, fromServer, fromFB int64
 	defer func() {

@@ -184,7 +184,7 @@ func Run(ctx context.Context, t Target, o Options) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			if lease != nil {
-				lease.run(w, ctx, o, keys, uint64(i), &stop)
+				lease.run(ctx, w, o, keys, uint64(i), &stop)
 				return
 			}
 			w.run(ctx, t.Conns[i%len(t.Conns)], o, keys, uint64(i), &stop)

@@ -44,13 +44,16 @@ const (
 // came in. Each holds values of its own (a rule in one belongs to it).
 type (
 	putRule struct {
-		rule     *rule.Rule
-		expected *uint64
-		maxRules int
+		rule          *rule.Rule
+		expected      *uint64
+		maxRules      int
+		maxTableBytes int64
+		requestID     string
 	}
 	deleteRule struct {
-		name     string
-		expected *uint64
+		name      string
+		expected  *uint64
+		requestID string
 	}
 	setMember    struct{ member memberInfo }
 	removeMember struct{ id string }
@@ -105,6 +108,8 @@ var commands = [...]command{
 	entryPutEnvoyDomain:    row("put envoy domain", decodePutEnvoyDomain, (*fsmState).putEnvoyDomain),
 	entryDeleteEnvoyDomain: row("delete envoy domain", decodeDeleteEnvoyDomain, (*fsmState).deleteEnvoyDomain),
 	entrySyncEnvoyDomains:  row("sync envoy domains", decodeSyncEnvoyDomains, (*fsmState).syncEnvoyDomains),
+	entryPutOverride:     row("put override", decodePutOverride, (*fsmState).putOverride),
+	entryDeleteOverrides: row("delete overrides", decodeDeleteOverrides, (*fsmState).deleteOverrides),
 }
 
 // errUnknownEntry is an entry type this node does not know.
@@ -149,7 +154,8 @@ func decodePutRule(p []byte) (putRule, error) {
 	if m.Rule == nil {
 		return putRule{}, errors.New("no rule")
 	}
-	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules)}, nil
+	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules),
+		maxTableBytes: m.MaxTableBytes, requestID: m.RequestId}, nil
 }
 
 func decodeDeleteRule(p []byte) (deleteRule, error) {
@@ -157,7 +163,7 @@ func decodeDeleteRule(p []byte) (deleteRule, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return deleteRule{}, err
 	}
-	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion)}, nil
+	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion), requestID: m.RequestId}, nil
 }
 
 func decodeMemberChange(p []byte) (memberInfo, error) {
@@ -242,6 +248,9 @@ func ruleToPB(r *rule.Rule) *raftv1.Rule {
 		FallbackPolicy: uint32(r.Fallback.Policy), FallbackLimit: r.Fallback.Limit,
 		LeaseMaxBatch: r.Lease.MaxBatch, LeaseTtlNs: int64(r.Lease.TTL),
 		Version: r.Version, Generation: r.Generation, UpdatedBy: r.UpdatedBy,
+		Calendar: uint32(r.Calendar), TimeZone: r.TimeZone,
+		InlineMaxLimit: r.Inline.MaxLimit, InlineMaxPeriodNs: int64(r.Inline.MaxPeriod),
+		ReservationTtlNs: int64(r.ReservationTTL),
 	}
 	if len(r.Overrides) > 0 {
 		m.Overrides = make([]*raftv1.Override, len(r.Overrides))
@@ -262,6 +271,9 @@ func ruleFromPB(m *raftv1.Rule) *rule.Rule {
 		Fallback: rule.Fallback{Policy: rule.FallbackPolicy(clamp8(m.FallbackPolicy)), Limit: m.FallbackLimit},
 		Lease:    rule.Lease{MaxBatch: m.LeaseMaxBatch, TTL: time.Duration(m.LeaseTtlNs)},
 		Version:  m.Version, Generation: m.Generation, UpdatedBy: m.UpdatedBy,
+		Calendar: bucket.Calendar(clamp8(m.Calendar)), TimeZone: m.TimeZone,
+		Inline:         rule.InlinePolicy{MaxLimit: m.InlineMaxLimit, MaxPeriod: time.Duration(m.InlineMaxPeriodNs)},
+		ReservationTTL: time.Duration(m.ReservationTtlNs),
 	}
 	if len(m.Overrides) > 0 {
 		r.Overrides = make([]rule.Override, len(m.Overrides))

@@ -27,12 +27,18 @@ type memberInfo struct {
 	Draining bool
 }
 
+// ErrRuleTableFull means a put would bring the rule table past the
+// cluster's byte cap (Config.MaxRuleTableBytes). It is a
+// rule.ErrTooManyRules too (RESOURCE_EXHAUSTED).
+var ErrRuleTableFull = fmt.Errorf("rule table full: %w", rule.ErrTooManyRules)
+
 // applyResult is what FSM.Apply returns for an entry.
 type applyResult struct {
-	rule    *rule.Rule
-	envoy   *EnvoyDomain // the Envoy domain a put stored
-	changed int          // Envoy domains a sync changed
-	err     error
+	rule     *rule.Rule
+	envoy    *EnvoyDomain // the Envoy domain a put stored
+	changed  int          // Envoy domains a sync changed
+	override *rule.RuntimeOverride
+	err      error
 }
 
 // fsmState is the replicated state: rules, members and the view. It is
@@ -47,20 +53,47 @@ type fsmState struct {
 	// copy-on-write. EnvoyIndex is the index of its last change.
 	Envoy      map[string]EnvoyDomain
 	EnvoyIndex uint64
+	// Overrides are the rules' runtime overrides, changed in place like
+	// Rules (see overrides.go).
+	Overrides *rule.Overrides
+	// RuleBytes is the rule table's size, the sum of the rules'
+	// EncodedSize (derived: recomputed on restore).
+	RuleBytes int64
+	// Requests are the recent rule writes' request ids and results
+	// (requests.go), changed in place like Rules.
+	Requests *requestLog
 }
 
 func newState() *fsmState {
-	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}}
+	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}, Overrides: rule.NewOverrides(), Requests: newRequestLog()}
 }
 
-// clone copies the state for one entry to change, except the rule set:
-// only the FSM's goroutine (Apply, Restore, Snapshot) reads or writes it,
-// so it is changed in place and a rule write costs the same with 10 or
-// 10,000 rules; Snapshot copies it for Persist, which runs concurrently.
-// Rules themselves are immutable once stored.
+// ruleBytes is the size the rule-table byte cap counts.
+func ruleBytes(r *rule.Rule) int64 {
+	if r == nil {
+		return 0
+	}
+	return int64(r.EncodedSize())
+}
+
+// sumRuleBytes recomputes RuleBytes from the rule set.
+func (s *fsmState) sumRuleBytes() {
+	s.RuleBytes = 0
+	for _, r := range s.Rules.All() {
+		s.RuleBytes += ruleBytes(r)
+	}
+}
+
+// clone copies the state for one entry to change, except the rule set
+// and the request log: only the FSM's goroutine (Apply, Restore,
+// Snapshot) reads or writes them, so they are changed in place and a
+// rule write costs the same with 10 or 10,000 rules; Snapshot copies them
+// for Persist, which runs concurrently. Rules themselves are immutable
+// once stored.
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
-		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex}
+		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex, Overrides: s.Overrides,
+		RuleBytes: s.RuleBytes, Requests: s.Requests}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put
@@ -69,6 +102,9 @@ type ruleChange struct {
 	put     *rule.Rule
 	deleted string
 	all     bool
+	// overrides names a rule whose runtime overrides were written (the
+	// table is not rebuilt for them).
+	overrides string
 }
 
 func (c ruleChange) any() bool { return c.put != nil || c.deleted != "" || c.all }
@@ -143,6 +179,7 @@ func (f *FSM) publish(s *fsmState, ch ruleChange) {
 		f.table.Store(prev.With(s.Index, ch.put, ch.deleted))
 		prev.Supersede()
 	}
+	attachOverrides(f.table.Load(), s.Overrides, ch)
 	v := s.view()
 	if old := f.view.Load(); old == nil || old.Epoch != v.Epoch || !old.Equal(v) {
 		f.view.Store(v)
@@ -184,26 +221,76 @@ func (f *FSM) Apply(l *raft.Log) any {
 // only: validation happened where the write entered the cluster, so a
 // replay yields what the first apply did, whatever this release's
 // validation. They keep the checks the entry itself carries: the
-// compare-and-set and the rule cap.
+// compare-and-set, the rule cap, the table's byte cap and the request id
+// (a write whose id is remembered answers its first result again and
+// changes nothing).
 
 func (s *fsmState) putRule(index uint64, e putRule) (applyResult, ruleChange) {
+	if e.requestID != "" {
+		if rec, ok := s.Requests.get(e.requestID); ok {
+			return rec.result(e.rule), ruleChange{}
+		}
+	}
+	res, ch := s.doPut(index, e)
+	if e.requestID != "" {
+		s.Requests.add(recordOf(e.requestID, index, res))
+	}
+	return res, ch
+}
+
+func (s *fsmState) doPut(index uint64, e putRule) (applyResult, ruleChange) {
+	old := s.Rules.Get(e.rule.Name)
+	total := s.RuleBytes - ruleBytes(old) + ruleBytes(e.rule)
+	if rule.CheckExpected(e.rule.Name, old, e.expected) == nil { // a stale compare-and-set says so first
+		if err := tableBytesCheck(e.rule.Name, s.RuleBytes, total, e.maxTableBytes); err != nil {
+			return applyResult{err: err}, ruleChange{}
+		}
+	}
 	if err := s.Rules.Put(index, e.rule, e.expected, e.maxRules); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	s.RuleBytes = total
 	return applyResult{rule: e.rule.Clone()}, ruleChange{put: e.rule}
 }
 
-func (s *fsmState) deleteRule(_ uint64, e deleteRule) (applyResult, ruleChange) {
-	if err := s.Rules.Delete(e.name, e.expected); err != nil {
-		return applyResult{err: err}, ruleChange{}
+// tableBytesCheck refuses a put that would grow the rule table from was
+// to total bytes, past max (0: no cap). A put that does not grow the
+// table passes, so that a table over a lowered cap can still shrink.
+func tableBytesCheck(name string, was, total, max int64) error {
+	if max > 0 && total > max && total > was {
+		return fmt.Errorf("rule %q would bring the rule table to %d bytes, above the cluster's limit of %d bytes (--max-rule-table-bytes): %w",
+			name, total, max, ErrRuleTableFull)
 	}
-	return applyResult{}, ruleChange{deleted: e.name}
+	return nil
+}
+
+func (s *fsmState) deleteRule(index uint64, e deleteRule) (applyResult, ruleChange) {
+	if e.requestID != "" {
+		if rec, ok := s.Requests.get(e.requestID); ok {
+			return rec.result(nil), ruleChange{}
+		}
+	}
+	old := s.Rules.Get(e.name)
+	res, ch := applyResult{}, ruleChange{deleted: e.name}
+	if err := s.Rules.Delete(e.name, e.expected); err != nil {
+		res, ch = applyResult{err: err}, ruleChange{}
+	} else {
+		s.RuleBytes -= ruleBytes(old)
+		s.Overrides.DropRule(e.name)
+	}
+	if e.requestID != "" {
+		s.Requests.add(recordOf(e.requestID, index, res))
+	}
+	return res, ch
 }
 
 func (s *fsmState) restoreRules(index uint64, e restoreRules) (applyResult, ruleChange) {
 	if err := s.Rules.Replace(index, e.rules); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	// Restored rules start afresh, runtime overrides included.
+	s.Overrides = rule.NewOverrides()
+	s.sumRuleBytes()
 	return applyResult{}, ruleChange{all: true}
 }
 
@@ -268,11 +355,13 @@ func indexOf(s []string, v string) int {
 }
 
 // Snapshot returns the current state to persist. raft calls Persist on
-// another goroutine while Apply goes on: the rule set, which Apply changes
-// in place, is copied here.
+// another goroutine while Apply goes on: the rule set and the runtime
+// overrides, which Apply changes in place, are copied here.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	s := *f.state.Load()
 	s.Rules = s.Rules.Clone()
+	s.Overrides = s.Overrides.Clone()
+	s.Requests = s.Requests.clone()
 	return &snapshot{s: &s}, nil
 }
 

@@ -64,7 +64,7 @@ func TestSimultaneousStarts(t *testing.T) {
 			ids := []string{"n1", "n2", "n3"}
 			var peers []Peer
 			for _, id := range ids {
-				c.raft[id] = freeAddr(t)
+				c.reserve(id)
 				peers = append(peers, Peer{ID: id, RaftAddr: c.raft[id]})
 			}
 			cfgs := map[string]Config{}

@@ -112,6 +112,7 @@ func (n *Node) liveness() {
 		case <-t.C:
 		case <-n.kick:
 		}
+		n.checkRemoved()
 		if !n.IsLeader() {
 			n.health.reset()
 			continue

@@ -154,6 +154,9 @@ func (n *Node) RemoveMember(ctx context.Context, id string) error {
 			return refused("remove %s: only %d of the %d voters left answer, fewer than a quorum of %d", id, alive, len(rest), quorum(len(rest)))
 		}
 	}
+	if target != nil && id == n.cfg.NodeID {
+		return n.removeSelf(ctx)
+	}
 	if err := n.removeMember(ctx, id); err != nil {
 		return err
 	}
@@ -192,9 +195,13 @@ func (n *Node) DrainMember(ctx context.Context, id string) error {
 // that its keys move to their next owners while it still answers (and
 // forwards): through the leader, by DrainVia when another node leads. It
 // returns once this node has applied the view without itself, or ctx ends.
-// The node reports not ready from the start of Drain on.
+// The node reports not ready from the start of Drain on. A removed node
+// has nothing to leave: Drain returns at once.
 func (n *Node) Drain(ctx context.Context) error {
 	n.draining.Store(true)
+	if n.removed.Load() {
+		return nil // no longer a member: there is no view to leave
+	}
 	if live := n.fsm.live(); len(live) == 1 && live[0] == n.cfg.NodeID {
 		// The only owner: there is nowhere to move the keys, and an empty
 		// view would only turn the last calls into errors.

@@ -21,7 +21,6 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/rule"
-	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
 )
 
 // Peer is one member of a --bootstrap-expect cluster.
@@ -38,6 +37,10 @@ type Config struct {
 	DataDir string
 	// RaftBind is the Raft listen address.
 	RaftBind string
+	// RaftListener, when set, is the Raft listener, bound by the caller
+	// (RaftBind is then unused): tests bind 127.0.0.1:0 and keep the
+	// listener, so no other process takes the port in between.
+	RaftListener net.Listener
 	// AdvertiseRaft is the Raft address others dial (default: RaftBind's).
 	AdvertiseRaft string
 	// AdvertiseGRPC is this node's gRPC address, recorded in the FSM so that
@@ -51,7 +54,10 @@ type Config struct {
 	// Join means the node was given --join: it never bootstraps.
 	Join bool
 	// HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout and
-	// CommitTimeout are Raft's timeouts.
+	// CommitTimeout are Raft's timeouts. LeaderLeaseTimeout is also how
+	// soon a leader that has lost contact with a quorum of voters steps
+	// down (raft's check quorum): it must be positive and at most
+	// HeartbeatTimeout.
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
@@ -86,6 +92,11 @@ type Config struct {
 	// JoinVia asks a member at one of grpcAddrs to add self (gRPC
 	// AdminService.Join), which also records self's addresses.
 	JoinVia func(ctx context.Context, grpcAddrs []string, self cluster.Member) error
+	// RemoveVia asks the leader, at its gRPC address, to remove member id
+	// (AdminService.RemoveMember): a leader asked to remove itself hands
+	// leadership over, then asks the new leader. Nil: RemoveMember returns
+	// the new leader's *rule.LeaderError for the caller to forward.
+	RemoveVia func(ctx context.Context, leaderGRPC, id string) error
 	// DrainVia asks the leader, at its gRPC address, to take member id out
 	// of the routing view (AdminService.DrainMember); nil means this node
 	// can leave the view only while it leads.
@@ -106,6 +117,12 @@ type Config struct {
 	// rule write carries the cap of the node that proposes it, so the
 	// leader's value applies on every replica.
 	MaxRules int
+	// MaxRuleTableBytes caps the rule table's total size, the sum of the
+	// rules' rule.Rule.EncodedSize (0: DefaultMaxRuleTableBytes). Like
+	// MaxRules it travels in each rule write, so the leader's value
+	// applies on every replica. The server's flag is
+	// --max-rule-table-bytes.
+	MaxRuleTableBytes int64
 	// InMemory runs Raft over raft's in-memory log, stable and snapshot
 	// stores and transport: one node that bootstraps itself, with no
 	// files and no listener, for tests of other packages (see NewInmem).
@@ -117,6 +134,18 @@ type Config struct {
 	// connection without a peer certificate is refused before one Raft
 	// byte is read. Neither: plain TCP.
 	PeerServerTLS, PeerClientTLS *tls.Config
+}
+
+// DefaultMaxRuleTableBytes is the default cap on the rule table's bytes:
+// 64 MiB, some 64 rules at the 1 MiB rule cap or 10,000 rules of 6 KiB.
+const DefaultMaxRuleTableBytes = 64 << 20
+
+// maxTableBytes is the byte cap a write carries.
+func (c *Config) maxTableBytes() int64 {
+	if c.MaxRuleTableBytes > 0 {
+		return c.MaxRuleTableBytes
+	}
+	return DefaultMaxRuleTableBytes
 }
 
 // DefaultConfig has production timeouts: a new leader within about 3 s of
@@ -163,6 +192,8 @@ func (c *Config) Validate() error {
 			return errors.New("node id is empty")
 		case c.MaxRules < 0:
 			return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
+		case c.MaxRuleTableBytes < 0:
+			return fmt.Errorf("max rule table bytes must be >= 0, got %d", c.MaxRuleTableBytes)
 		case c.BootstrapExpect > 0 || c.Join || len(c.Peers) > 0:
 			return errors.New("an in-memory node is a cluster of one: no bootstrap-expect, peers or join")
 		}
@@ -173,9 +204,11 @@ func (c *Config) Validate() error {
 		return errors.New("node id is empty")
 	case c.MaxRules < 0:
 		return fmt.Errorf("max rules must be >= 0, got %d", c.MaxRules)
+	case c.MaxRuleTableBytes < 0:
+		return fmt.Errorf("max rule table bytes must be >= 0, got %d", c.MaxRuleTableBytes)
 	case c.DataDir == "":
 		return errors.New("data dir is empty")
-	case c.RaftBind == "":
+	case c.RaftBind == "" && c.RaftListener == nil:
 		return errors.New("raft address is empty")
 	case c.AdvertiseGRPC == "":
 		return errors.New("advertised grpc address is empty")
@@ -185,6 +218,8 @@ func (c *Config) Validate() error {
 		return errors.New("bootstrap-expect and join exclude each other")
 	case c.BootstrapExpect > 0 && len(c.Peers) != c.BootstrapExpect:
 		return fmt.Errorf("bootstrap-expect is %d but %d peers are listed", c.BootstrapExpect, len(c.Peers))
+	case c.LeaderLeaseTimeout <= 0 || c.LeaderLeaseTimeout > c.HeartbeatTimeout:
+		return fmt.Errorf("leader lease timeout must be in (0, heartbeat timeout %v], got %v: a leader cut off from its quorum steps down after it", c.HeartbeatTimeout, c.LeaderLeaseTimeout)
 	case c.MaxVoters < 1:
 		return fmt.Errorf("max voters must be >= 1, got %d", c.MaxVoters)
 	case c.StabilizationTime < 0:
@@ -228,7 +263,17 @@ type Node struct {
 	// entry of its own term committed (reads are current from then on).
 	termCommitted atomic.Uint64
 	draining      atomic.Bool
-	started       time.Time
+	// removed latches once the Raft configuration no longer lists this
+	// node (removed.go).
+	removed atomic.Bool
+	// member is what checkRemoved has seen of this node in the Raft
+	// configuration (removed.go).
+	member atomic.Uint32
+	// ledUntil is when this node last learned of a leader or stopped
+	// leading (unix nanoseconds), for readiness: raft's LastContact
+	// counts only messages from another leader.
+	ledUntil atomic.Int64
+	started  time.Time
 
 	hbMu      sync.Mutex
 	hbFailing map[string]time.Time // peers whose heartbeats fail, since when
@@ -293,7 +338,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("read raft state: %w", err)
 	}
 	n.state.Store(has)
-	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
+	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Listener: cfg.RaftListener, Logger: log, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
 		ServerTLS: cfg.PeerServerTLS, ClientTLS: cfg.PeerClientTLS}); err != nil {
 		return nil, err
 	}
@@ -304,6 +349,11 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft from %s: %w", cfg.DataDir, err)
 	}
 	n.raftUp.Store(true)
+	if has && n.removedAtStart() {
+		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
+		_ = n.raft.Shutdown().Error()
+		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)
+	}
 	ok = true
 	n.observe()
 	switch {
@@ -337,6 +387,9 @@ func (c *Config) raftConfig(hl hclog.Logger) *raft.Config {
 	rc.SnapshotThreshold = c.SnapshotThreshold
 	rc.SnapshotInterval = c.SnapshotInterval
 	rc.Logger = hl
+	// A leader that removes itself stays up as an idle follower (and
+	// reports Removed) rather than shutting raft down under the node.
+	rc.ShutdownOnRemove = false
 	return rc
 }
 
@@ -456,70 +509,6 @@ func (n *Node) apply(ctx context.Context, entry []byte) (applyResult, error) {
 	return res, nil
 }
 
-// Put implements rule.Store on the leader; elsewhere it returns a
-// *rule.LeaderError for the caller to forward. It is where a rule write
-// enters the log, so it normalizes and validates the rule here: the FSM
-// applies what it is given.
-func (n *Node) Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.Rule, error) {
-	r = r.Clone()
-	r.Normalize()
-	if err := r.Validate(); err != nil {
-		return nil, err
-	}
-	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules())})
-	if err != nil {
-		return nil, err
-	}
-	res, err := n.apply(ctx, entry)
-	if err != nil {
-		return nil, err
-	}
-	return res.rule, res.err
-}
-
-// Delete implements rule.Store, like Put.
-func (n *Node) Delete(ctx context.Context, name string, expected *uint64) error {
-	if err := rule.ValidName(name); err != nil {
-		return err
-	}
-	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected})
-	if err != nil {
-		return err
-	}
-	res, err := n.apply(ctx, entry)
-	if err != nil {
-		return err
-	}
-	return res.err
-}
-
-// Get implements rule.Store: a current read on the leader.
-func (n *Node) Get(ctx context.Context, name string) (*rule.Rule, error) {
-	if err := rule.ValidName(name); err != nil {
-		return nil, err
-	}
-	if err := n.consistent(ctx); err != nil {
-		return nil, err
-	}
-	c := n.fsm.Table().Get(name)
-	if c == nil {
-		return nil, fmt.Errorf("get %q: %w", name, rule.ErrNotFound)
-	}
-	return c.Rule.Clone(), nil
-}
-
-// List implements rule.Store: a current read on the leader.
-func (n *Node) List(ctx context.Context) ([]*rule.Rule, error) {
-	if err := n.consistent(ctx); err != nil {
-		return nil, err
-	}
-	rules := n.fsm.Table().Rules()
-	for i, r := range rules {
-		rules[i] = r.Clone()
-	}
-	return rules, nil
-}
-
 // Raft exposes the raft instance for metrics and snapshots.
 func (n *Node) Raft() *raft.Raft { return n.raft }
 
@@ -574,6 +563,7 @@ func (n *Node) observe() {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
+		var prev raft.ServerID
 		for {
 			select {
 			case <-n.done:
@@ -582,6 +572,10 @@ func (n *Node) observe() {
 				switch d := o.Data.(type) {
 				case raft.LeaderObservation:
 					n.log.Info("leader changed", "leader", string(d.LeaderID))
+					if d.LeaderID != "" || string(prev) == n.cfg.NodeID {
+						n.ledUntil.Store(time.Now().UnixNano())
+					}
+					prev = d.LeaderID
 					next := make(chan struct{})
 					close(*n.leaderSig.Swap(&next))
 					n.kickLiveness() // a new leader commits its first view at once

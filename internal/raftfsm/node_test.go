@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -60,6 +61,14 @@ func (r *registry) health(_ context.Context, addr string) bool {
 	return n != nil && n.CaughtUp() && !n.Draining()
 }
 
+func (r *registry) removeVia(ctx context.Context, leader, id string) error {
+	n := r.get(leader)
+	if n == nil {
+		return errors.New("leader unreachable")
+	}
+	return n.RemoveMember(ctx, id)
+}
+
 func (r *registry) drainVia(ctx context.Context, leader, id string) error {
 	n := r.get(leader)
 	if n == nil {
@@ -74,11 +83,29 @@ type testCluster struct {
 	nodes map[string]*Node
 	dirs  map[string]string
 	raft  map[string]string
+	// held are Raft listeners bound by reserve, handed to the node at
+	// its start: the address is known before the node starts, and no
+	// one else can take the port in between.
+	held map[string]net.Listener
 }
 
 func newTestCluster(t *testing.T) *testCluster {
 	return &testCluster{t: t, reg: &registry{nodes: map[string]*Node{}, down: map[string]bool{}},
-		nodes: map[string]*Node{}, dirs: map[string]string{}, raft: map[string]string{}}
+		nodes: map[string]*Node{}, dirs: map[string]string{}, raft: map[string]string{}, held: map[string]net.Listener{}}
+}
+
+// reserve binds a Raft listener for node id and returns its address; the
+// node's next start serves on it.
+func (c *testCluster) reserve(id string) string {
+	c.t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { l.Close() })
+	c.held[id] = l
+	c.raft[id] = l.Addr().String()
+	return c.raft[id]
 }
 
 func (c *testCluster) config(id string) Config {
@@ -93,11 +120,16 @@ func (c *testCluster) config(id string) Config {
 	if a := c.raft[id]; a != "" {
 		cfg.RaftBind = a
 	}
+	if l := c.held[id]; l != nil {
+		cfg.RaftListener = l // the node owns (and closes) it from now on
+		delete(c.held, id)
+	}
 	cfg.AdvertiseGRPC = "grpc-" + id
 	cfg.DownAfter, cfg.UpAfter, cfg.LivenessInterval = time.Second, 2*time.Second, 100*time.Millisecond
 	cfg.StabilizationTime = time.Second
 	cfg.Health = c.reg.health
 	cfg.DrainVia = c.reg.drainVia
+	cfg.RemoveVia = c.reg.removeVia
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(tlog{c.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -247,8 +279,7 @@ func TestBootstrapExpect(t *testing.T) {
 	ids := []string{"n1", "n2", "n3"}
 	var peers []Peer
 	for _, id := range ids {
-		addr := freeAddr(t)
-		c.raft[id] = addr
+		addr := c.reserve(id)
 		peers = append(peers, Peer{ID: id, RaftAddr: addr})
 	}
 	for _, id := range ids {
@@ -269,7 +300,7 @@ func TestBootstrapExpect(t *testing.T) {
 	}
 	// A fourth node with the same flags finds the cluster and joins it.
 	late := "n4"
-	c.raft[late] = freeAddr(t)
+	c.reserve(late)
 	n4 := c.start(late, func(cfg *Config) {
 		cfg.BootstrapExpect = 4
 		cfg.Peers = append(append([]Peer(nil), peers...), Peer{ID: late, RaftAddr: c.raft[late]})

@@ -142,11 +142,25 @@ func (n *Node) waitApplied(ctx context.Context, idx uint64) error {
 // index it learned after start. It stays true once set.
 func (n *Node) CaughtUp() bool { return n.caughtUp.Load() }
 
-// Ready reports whether the node is caught up, in the routing view, and
-// not draining: it can answer for the keys it owns and its view is the
-// cluster's. An election does not make a ready node unready.
+// Ready reports whether the node is caught up, in the routing view, not
+// draining, not removed, and in contact with a leader within DownAfter:
+// it can answer for the keys it owns and its view is the cluster's. An
+// election shorter than DownAfter does not make a ready node unready.
 func (n *Node) Ready() bool {
-	return n.caughtUp.Load() && !n.draining.Load() && n.inView()
+	return n.caughtUp.Load() && !n.draining.Load() && !n.removed.Load() && n.inView() && n.leaderContact(time.Now())
+}
+
+// leaderContact reports whether this node leads or heard from a leader
+// within DownAfter of now.
+func (n *Node) leaderContact(now time.Time) bool {
+	if n.cfg.DownAfter <= 0 || n.IsLeader() {
+		return true
+	}
+	last := n.raft.LastContact()
+	if led := time.Unix(0, n.ledUntil.Load()); n.ledUntil.Load() != 0 && led.After(last) {
+		last = led
+	}
+	return !last.IsZero() && now.Sub(last) <= n.cfg.DownAfter
 }
 
 // inView reports whether the routing view lists this node.

@@ -21,7 +21,7 @@ var snapshotMagic = [4]byte{'T', 'S', 'S', 1}
 // encodeSnapshot writes s in the snapshot format, rules and members
 // sorted, so that one state always makes the same bytes.
 func encodeSnapshot(s *fsmState) ([]byte, error) {
-	m := &raftv1.Snapshot{Index: s.Index, Live: s.Live, ViewEpoch: s.ViewEpoch,
+	m := &raftv1.Snapshot{Index: s.Index, Live: s.Live, ViewEpoch: s.ViewEpoch, Requests: s.Requests.toPB(),
 		Rules: make([]*raftv1.Rule, 0, s.Rules.Len()), Members: make([]*raftv1.Member, 0, len(s.Members))}
 	for _, r := range s.Rules.All() {
 		m.Rules = append(m.Rules, ruleToPB(r))
@@ -32,6 +32,9 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 	}
 	sort.Slice(m.Members, func(i, j int) bool { return m.Members[i].Id < m.Members[j].Id })
 	m.EnvoyDomains, m.EnvoyIndex = envoySnapshot(s)
+	for _, o := range s.Overrides.All() {
+		m.Overrides = append(m.Overrides, overrideToPB(o))
+	}
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -49,7 +52,8 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 			return nil, fmt.Errorf("snapshot format %d: this node reads format %d; upgrade it", b[3], snapshotMagic[3])
 		}
 		var m raftv1.Snapshot
-		if err := proto.Unmarshal(b[len(snapshotMagic):], &m); err != nil {
+		var err error
+		if err = proto.Unmarshal(b[len(snapshotMagic):], &m); err != nil {
 			return nil, fmt.Errorf("decode snapshot: %w", err)
 		}
 		s := newState()
@@ -75,6 +79,16 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 		if err := s.loadEnvoySnapshot(m.EnvoyDomains, m.EnvoyIndex); err != nil {
 			return nil, err
 		}
+		for _, o := range m.Overrides {
+			if s.Rules.Get(o.GetRule()) == nil || o.GetKey() == "" {
+				return nil, fmt.Errorf("override %q of rule %q, which the snapshot does not hold", o.GetKey(), o.GetRule())
+			}
+			s.Overrides.For(o.GetRule()).Put(overrideFromPB(o))
+		}
+		if s.Requests, err = requestLogFromPB(m.Requests); err != nil {
+			return nil, fmt.Errorf("malformed request log: %w", err)
+		}
+		s.sumRuleBytes()
 		return s, nil
 	}
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
@@ -99,5 +113,6 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 	for id, m := range v0.Members {
 		s.Members[id] = m.info()
 	}
+	s.sumRuleBytes()
 	return s, nil
 }

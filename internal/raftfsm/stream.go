@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/tokenserver/tokenserver/internal/netutil"
 )
 
 // Connection kinds: the first byte a dialer writes on the Raft port.
@@ -60,10 +63,16 @@ type streamOptions struct {
 	// Bind is the listen address; Advertise the address others dial
 	// (Bind's when empty).
 	Bind, Advertise string
+	// Listener, when set, is the listener to serve (Bind is then unused):
+	// one bound by the caller, so that no other process can take the
+	// port between choosing it and binding it.
+	Listener net.Listener
+	// Logger receives accept errors (slog.Default when nil).
+	Logger *slog.Logger
 	// Probe answers probes.
 	Probe func() probeInfo
-	// Dial, when set, replaces net.DialTimeout (TLS, when on, runs over
-	// it).
+	// Dial, when set, replaces netutil.DialTimeout (TLS, when on, runs
+	// over it).
 	Dial func(address string, timeout time.Duration) (net.Conn, error)
 	// ServerTLS and ClientTLS, both or neither, make every accepted and
 	// dialed connection (Raft and probes) mutual TLS: typically
@@ -189,15 +198,24 @@ func newStreamLayerWith(o streamOptions) (*streamLayer, error) {
 	o.IdleTimeout = orDefault(o.IdleTimeout, defaultIdleTimeout)
 	o.MaxConnsPerHost = orDefault(o.MaxConnsPerHost, defaultMaxConnsPerHost)
 	o.MaxConns = orDefault(o.MaxConns, defaultMaxConns)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	// Keepalive and TCP_USER_TIMEOUT on both ends: a peer dropped by a
+	// partition fails its connections within seconds, and raft redials
+	// at the heal instead of waiting out TCP's retransmission backoff.
 	raw := o.Dial
 	if raw == nil {
 		raw = func(address string, timeout time.Duration) (net.Conn, error) {
-			return net.DialTimeout("tcp", address, timeout)
+			return netutil.DialTimeout(netutil.DefaultOptions(), address, timeout)
 		}
 	}
-	ln, err := net.Listen("tcp", o.Bind)
-	if err != nil {
-		return nil, fmt.Errorf("listen raft %s: %w", o.Bind, err)
+	ln := o.Listener
+	if ln == nil {
+		var err error
+		if ln, err = netutil.Listen(netutil.DefaultOptions(), o.Bind); err != nil {
+			return nil, fmt.Errorf("listen raft: %w", err)
+		}
 	}
 	advertise := o.Advertise
 	if advertise == "" {
@@ -272,8 +290,20 @@ func (s *streamLayer) release(host string) {
 	}
 }
 
+// Accept retry backoff, as net/http's Server.Serve: from
+// acceptBackoffMin doubling up to acceptBackoffMax while Accept fails.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// acceptLoop accepts until the layer closes. An accept error (EMFILE when
+// the process is out of file descriptors, ECONNABORTED, ...) is logged and
+// retried with backoff, never the end of the loop: a Raft port that stops
+// accepting cuts the node off for good.
 func (s *streamLayer) acceptLoop() {
 	defer s.wg.Done()
+	var delay time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -282,12 +312,22 @@ func (s *streamLayer) acceptLoop() {
 				return
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				s.o.Logger.Error("raft listener closed under the node: the raft port no longer accepts", "err", err)
+				return
 			}
-			return
+			delay = min(max(2*delay, acceptBackoffMin), acceptBackoffMax)
+			s.o.Logger.Warn("raft accept failed: retrying", "err", err, "retry_in", delay.String())
+			t := time.NewTimer(delay)
+			select {
+			case <-s.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
 		}
+		delay = 0
 		host := c.RemoteAddr().String()
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h

@@ -3,11 +3,15 @@ package raftfsm
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -433,5 +437,85 @@ func TestStreamRogueRaftRPC(t *testing.T) {
 	var resp raft.AppendEntriesResponse
 	if err := peer.AppendEntries("victim", target, &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("n2"), Addr: []byte("n2")}, Term: 1}, &resp); err != nil || !resp.Success {
 		t.Errorf("a peer's AppendEntries: %v, %+v", err, resp)
+	}
+}
+
+// failingListener fails Accept with EMFILE its first n calls, as a process
+// out of file descriptors does, then accepts.
+type failingListener struct {
+	net.Listener
+	mu    sync.Mutex
+	n     int
+	calls int
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	l.calls++
+	fail := l.calls <= l.n
+	l.mu.Unlock()
+	if fail {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestIssue20Item1_AcceptSurvivesEMFILE checks that accept errors (one
+// EMFILE used to end the accept loop, and the Raft port with it) are
+// retried: after N failures, the layer accepts Raft connections again.
+func TestIssue20Item1_AcceptSurvivesEMFILE(t *testing.T) {
+	for _, n := range []int{1, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fl := &failingListener{Listener: ln, n: n}
+			s, err := newStreamLayerWith(streamOptions{Listener: fl, Probe: func() probeInfo { return probeInfo{ID: "n1"} },
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			c, err := s.Dial(raft.ServerAddress(ln.Addr().String()), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			got := accept(s, 10*time.Second)
+			if got == nil {
+				t.Fatalf("no raft connection accepted after %d EMFILE errors", n)
+			}
+			got.Close()
+			fl.mu.Lock()
+			calls := fl.calls
+			fl.mu.Unlock()
+			if calls < n+1 {
+				t.Fatalf("accept called %d times, want at least %d", calls, n+1)
+			}
+		})
+	}
+}
+
+// TestIssue20Item1_CloseEndsAcceptBackoff checks that Close ends an accept
+// loop that is backing off (it must not wait out the backoff).
+func TestIssue20Item1_CloseEndsAcceptBackoff(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &failingListener{Listener: ln, n: 1 << 30}
+	s, err := newStreamLayerWith(streamOptions{Listener: fl, Probe: func() probeInfo { return probeInfo{} },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("accept loop still running after Close")
 	}
 }

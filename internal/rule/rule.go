@@ -71,7 +71,7 @@ func ParseFallbackPolicy(s string) (FallbackPolicy, error) {
 
 // Rule is a named limit. Its zero value is not valid; see Validate.
 type Rule struct {
-	// Name is 1 to MaxNameLen characters of [A-Za-z0-9_.:-].
+	// Name is 1 to MaxNameLen characters of [A-Za-z0-9_.:/-].
 	Name string `json:"name,omitempty"`
 	// Algorithm is how the rule counts.
 	Algorithm bucket.Algorithm `json:"algorithm,omitempty"`
@@ -102,6 +102,18 @@ type Rule struct {
 	Fallback Fallback `json:"fallback,omitempty"`
 	// Lease caps client-side leasing.
 	Lease Lease `json:"lease,omitempty"`
+	// Calendar, for fixed-window rules, aligns windows to local calendar
+	// days, ISO weeks or months in TimeZone; Period is then not needed.
+	Calendar bucket.Calendar `json:"calendar,omitempty"`
+	// TimeZone is the IANA zone of Calendar windows; "" means UTC.
+	TimeZone string `json:"time_zone,omitempty"`
+	// Inline lets a request carry its own limit, capped; zero refuses
+	// request limits.
+	Inline InlinePolicy `json:"inline,omitempty"`
+	// ReservationTTL is how long a reservation (a grant) may be committed;
+	// after it the grant stays charged at its estimate. 0 means the
+	// rule's window (Period, or a calendar window's Span).
+	ReservationTTL time.Duration `json:"reservation_ttl,omitempty"`
 	// Version is the version of the rule's last change (set by the Store).
 	Version uint64 `json:"version,omitempty"`
 	// Generation is the version at which the rule was created (set by the
@@ -118,6 +130,17 @@ type Override struct {
 	Limit int64  `json:"limit"`
 	// Burst defaults to the override's Limit.
 	Burst int64 `json:"burst,omitempty"`
+}
+
+// InlinePolicy caps the limits requests may carry under a rule
+// (AcquireTokenRequest.limit). The zero value refuses them.
+type InlinePolicy struct {
+	// MaxLimit is the largest limit (and burst) a request may ask for;
+	// 0 refuses request limits.
+	MaxLimit int64 `json:"max_limit,omitempty"`
+	// MaxPeriod is the longest period a request may ask for; 0 means the
+	// rule's Period.
+	MaxPeriod time.Duration `json:"max_period,omitempty"`
 }
 
 // Fallback is a rule's client-side fallback policy.
@@ -158,7 +181,9 @@ type invalidError struct{ msg string }
 func (e *invalidError) Error() string        { return e.msg }
 func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 
-// ValidName reports whether s may name a rule.
+// ValidName reports whether s may name a rule: 1 to MaxNameLen characters
+// of [A-Za-z0-9_.:/-] ('/' namespaces names for scoped credentials:
+// team-a/checkout).
 func ValidName(s string) error {
 	if s == "" {
 		return Invalid("rule name is empty")
@@ -168,11 +193,11 @@ func ValidName(s string) error {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-') {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == ':' || c == '-' || c == '/') {
 			if c >= utf8.RuneSelf {
-				return Invalid("rule name %q: byte %#x at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
+				return Invalid("rule name %q: byte %#x at %d is not one of [A-Za-z0-9_.:/-]", s, c, i)
 			}
-			return Invalid("rule name %q: character %q at %d is not one of [A-Za-z0-9_.:-]", s, c, i)
+			return Invalid("rule name %q: character %q at %d is not one of [A-Za-z0-9_.:/-]", s, c, i)
 		}
 	}
 	return nil
@@ -208,12 +233,38 @@ func (r *Rule) Config() bucket.Config {
 		Burst:       r.Burst,
 		SampleCount: r.SampleCount,
 		Warmup:      int64(r.Warmup),
+		Calendar:    r.Calendar,
+		Location:    r.location(),
 	}
 }
 
-// overrideConfig returns the bucket configuration of an override.
-func (r *Rule) overrideConfig(o Override) bucket.Config {
-	c := r.Config()
+// location is the rule's time zone for its bucket configuration: nil
+// without a time zone (UTC for calendars), and nil too for a zone that
+// does not load (Validate reports it).
+func (r *Rule) location() *time.Location {
+	if r.TimeZone == "" {
+		return nil
+	}
+	loc, err := time.LoadLocation(r.TimeZone)
+	if err != nil {
+		return nil
+	}
+	return loc
+}
+
+// ReservationWindow is how long after it was made a grant of the rule may
+// be committed: ReservationTTL, or by default the window of cfg (Span).
+func (r *Rule) ReservationWindow(cfg *bucket.Config) int64 {
+	if r.ReservationTTL > 0 {
+		return int64(r.ReservationTTL)
+	}
+	return cfg.Span()
+}
+
+// overrideConfig returns the bucket configuration of an override of a
+// rule whose default configuration is base.
+func overrideConfig(base *bucket.Config, o Override) bucket.Config {
+	c := *base
 	c.Limit = o.Limit
 	c.Burst = o.Burst
 	if c.Burst == 0 {
@@ -257,9 +308,20 @@ func (r *Rule) Validate() error {
 	if err := ValidName(r.Name); err != nil {
 		return &FieldError{Path: "name", Err: err}
 	}
+	if r.TimeZone != "" {
+		if r.Calendar == bucket.CalendarNone {
+			return r.fieldError("time_zone", "time_zone %q applies to calendar windows only; set calendar", r.TimeZone)
+		}
+		if _, err := time.LoadLocation(r.TimeZone); err != nil {
+			return r.fieldError("time_zone", "time_zone %q is not an IANA time zone this server knows: %v", r.TimeZone, err)
+		}
+	}
 	c := r.Config()
 	if err := c.Validate(); err != nil {
 		return r.fieldError(configField(err), "%v", err)
+	}
+	if err := r.validateCost(&c); err != nil {
+		return err
 	}
 	switch {
 	case r.Penalty < 0:
@@ -296,8 +358,8 @@ func (r *Rule) Validate() error {
 		return r.fieldError("lease.ttl", "lease.ttl must be > 0 when lease.max_batch is set")
 	case r.Lease.MaxBatch > 0 && !leasable(r.Algorithm):
 		return r.fieldError("lease.max_batch", "leases apply to token-bucket, fixed-window and sliding-window, not %s", r.Algorithm)
-	case r.Lease.TTL > r.Period:
-		return r.fieldError("lease.ttl", "lease.ttl %v is longer than the period %v", r.Lease.TTL, r.Period)
+	case r.Lease.TTL > time.Duration(c.Span()):
+		return r.fieldError("lease.ttl", "lease.ttl %v is longer than the period %v", r.Lease.TTL, time.Duration(c.Span()))
 	case r.Lease.MaxBatch > c.Capacity():
 		return r.fieldError("lease.max_batch", "lease.max_batch %d is above the capacity %d", r.Lease.MaxBatch, c.Capacity())
 	}
@@ -310,7 +372,7 @@ func (r *Rule) Validate() error {
 			return r.fieldError(fmt.Sprintf("overrides[%d].key", i), "overrides[%d]: key %q appears twice", i, o.Key)
 		}
 		seen[o.Key] = struct{}{}
-		oc := r.overrideConfig(o)
+		oc := overrideConfig(&c, o)
 		if err := oc.Validate(); err != nil {
 			return r.fieldError(fmt.Sprintf("overrides[%d].%s", i, configField(err)), "overrides[%d] (key %q): %v", i, o.Key, err)
 		}
@@ -325,6 +387,32 @@ func (r *Rule) Validate() error {
 				return r.fieldError(at, "%s: %s", at, p)
 			}
 		}
+	}
+	return nil
+}
+
+// validateCost checks the fields of cost accounting: the inline policy
+// and the reservation TTL.
+func (r *Rule) validateCost(c *bucket.Config) error {
+	switch {
+	case r.Inline.MaxLimit < 0:
+		return r.fieldError("inline.max_limit", "inline.max_limit must be >= 0, got %d", r.Inline.MaxLimit)
+	case r.Inline.MaxLimit > bucket.MaxLimit:
+		return r.fieldError("inline.max_limit", "inline.max_limit %d is above the largest supported limit %d", r.Inline.MaxLimit, int64(bucket.MaxLimit))
+	case r.Inline.MaxPeriod < 0:
+		return r.fieldError("inline.max_period", "inline.max_period must be >= 0, got %v", r.Inline.MaxPeriod)
+	case r.Inline.MaxPeriod > time.Duration(bucket.MaxDuration):
+		return r.fieldError("inline.max_period", "inline.max_period %v is above the longest supported duration %v (10 years)", r.Inline.MaxPeriod, time.Duration(bucket.MaxDuration))
+	case r.Inline.MaxPeriod > 0 && r.Inline.MaxLimit == 0:
+		return r.fieldError("inline.max_limit", "inline.max_limit must be > 0 when inline.max_period is set")
+	case r.Inline.MaxLimit > 0 && r.Calendar != bucket.CalendarNone:
+		return r.fieldError("inline", "inline limits apply to period windows, not calendar ones")
+	case r.ReservationTTL < 0:
+		return r.fieldError("reservation_ttl", "reservation_ttl must be >= 0, got %v", r.ReservationTTL)
+	case r.ReservationTTL > 0 && !bucket.OffersCommit(r.Algorithm):
+		return r.fieldError("reservation_ttl", "reservation_ttl applies to rules that take commits (token-bucket, leaky-bucket, fixed-window, sliding-window), not %s", r.Algorithm)
+	case r.ReservationTTL > time.Duration(c.Span()):
+		return r.fieldError("reservation_ttl", "reservation_ttl %v is longer than the rule's window %v: a grant cannot be settled after its window", r.ReservationTTL, time.Duration(c.Span()))
 	}
 	return nil
 }

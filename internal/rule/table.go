@@ -27,6 +27,8 @@ type Compiled struct {
 	// next is the version that replaced this one (or deleted when the
 	// rule was deleted); nil while this version is current.
 	next atomic.Pointer[Compiled]
+	// runtime holds the rule's runtime overrides (see Attach); nil: none.
+	runtime atomic.Pointer[Runtime]
 
 	overrides map[string]*bucket.Config
 	deny      map[string]struct{}
@@ -39,7 +41,7 @@ func Compile(r *Rule) *Compiled {
 	if len(r.Overrides) > 0 {
 		c.overrides = make(map[string]*bucket.Config, len(r.Overrides))
 		for _, o := range r.Overrides {
-			oc := r.overrideConfig(o)
+			oc := overrideConfig(&c.Config, o)
 			c.overrides[o.Key] = &oc
 		}
 	}
@@ -95,8 +97,15 @@ func ErrDeleted(name string) error {
 }
 
 // ConfigFor returns the bucket configuration that applies to key: its
-// override, or the rule's default. The pointer is stable for this version.
+// runtime override (see RuntimeOverride for the precedence), its override
+// in the rule, or the rule's default. The pointer is stable while this
+// version and the key's runtime override stay.
 func (c *Compiled) ConfigFor(key string) *bucket.Config {
+	if rt := c.runtime.Load(); rt != nil && rt.n.Load() > 0 {
+		if cfg := rt.configFor(c, key); cfg != nil {
+			return cfg
+		}
+	}
 	if c.overrides != nil {
 		if oc, ok := c.overrides[key]; ok {
 			return oc

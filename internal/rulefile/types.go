@@ -20,23 +20,29 @@ import (
 
 // ruleDoc is one rule as written.
 type ruleDoc struct {
-	Name          text        `yaml:"name"`
-	Algorithm     algorithm   `yaml:"algorithm"`
-	Limit         integer     `yaml:"limit"`
-	Period        duration    `yaml:"period"`
-	Burst         integer     `yaml:"burst"`
-	SampleCount   int32Value  `yaml:"sampleCount"`
-	SampleCountPB int32Value  `yaml:"sample_count"`
-	Warmup        duration    `yaml:"warmup"`
-	Penalty       duration    `yaml:"penalty"`
-	MaxKeys       integer     `yaml:"maxKeys"`
-	MaxKeysPB     integer     `yaml:"max_keys"`
-	Overrides     []override  `yaml:"overrides"`
-	Deny          []text      `yaml:"deny"`
-	Allow         []text      `yaml:"allow"`
-	Shadow        boolean     `yaml:"shadow"`
-	Fallback      fallbackDoc `yaml:"fallback"`
-	Lease         leaseDoc    `yaml:"lease"`
+	Name             text        `yaml:"name"`
+	Algorithm        algorithm   `yaml:"algorithm"`
+	Limit            integer     `yaml:"limit"`
+	Period           duration    `yaml:"period"`
+	Burst            integer     `yaml:"burst"`
+	SampleCount      int32Value  `yaml:"sampleCount"`
+	SampleCountPB    int32Value  `yaml:"sample_count"`
+	Warmup           duration    `yaml:"warmup"`
+	Penalty          duration    `yaml:"penalty"`
+	MaxKeys          integer     `yaml:"maxKeys"`
+	MaxKeysPB        integer     `yaml:"max_keys"`
+	Overrides        []override  `yaml:"overrides"`
+	Deny             []text      `yaml:"deny"`
+	Allow            []text      `yaml:"allow"`
+	Shadow           boolean     `yaml:"shadow"`
+	Fallback         fallbackDoc `yaml:"fallback"`
+	Lease            leaseDoc    `yaml:"lease"`
+	Calendar         calendar    `yaml:"calendar"`
+	TimeZone         text        `yaml:"timeZone"`
+	TimeZonePB       text        `yaml:"time_zone"`
+	Inline           inlineDoc   `yaml:"inline"`
+	ReservationTTL   duration    `yaml:"reservationTtl"`
+	ReservationTTLPB duration    `yaml:"reservation_ttl"`
 	// Output only (what 'rule list -o json' prints): read and ignored, as
 	// the server ignores them.
 	Version     uinteger `yaml:"version"`
@@ -62,6 +68,13 @@ type leaseDoc struct {
 	TTL        duration `yaml:"ttl"`
 }
 
+type inlineDoc struct {
+	MaxLimit    integer  `yaml:"maxLimit"`
+	MaxLimitPB  integer  `yaml:"max_limit"`
+	MaxPeriod   duration `yaml:"maxPeriod"`
+	MaxPeriodPB duration `yaml:"max_period"`
+}
+
 // listDoc is a document of the form {rules: [...]}, what 'rule list -o json'
 // prints.
 type listDoc struct {
@@ -83,6 +96,13 @@ func (d *ruleDoc) rule() *rule.Rule {
 		Shadow:      bool(d.Shadow),
 		Fallback:    rule.Fallback{Policy: rule.FallbackPolicy(d.Fallback.Policy), Limit: int64(d.Fallback.Limit)},
 		Lease:       rule.Lease{MaxBatch: int64(either(d.Lease.MaxBatch, d.Lease.MaxBatchPB)), TTL: time.Duration(d.Lease.TTL)},
+		Calendar:    bucket.Calendar(d.Calendar),
+		TimeZone:    string(either(d.TimeZone, d.TimeZonePB)),
+		Inline: rule.InlinePolicy{
+			MaxLimit:  int64(either(d.Inline.MaxLimit, d.Inline.MaxLimitPB)),
+			MaxPeriod: time.Duration(either(d.Inline.MaxPeriod, d.Inline.MaxPeriodPB)),
+		},
+		ReservationTTL: time.Duration(either(d.ReservationTTL, d.ReservationTTLPB)),
 	}
 	for _, o := range d.Overrides {
 		r.Overrides = append(r.Overrides, rule.Override{Key: string(o.Key), Limit: int64(o.Limit), Burst: int64(o.Burst)})
@@ -305,5 +325,34 @@ func (p *policy) UnmarshalYAML(n *yaml.Node) error {
 		return errorAt(n, "unknown fallback policy %q (want LOCAL, ALLOW or DENY, in any case)", s)
 	}
 	*p = policy(v)
+	return nil
+}
+
+// calendar is a Calendar field: MONTH, month (any case), or the enum's
+// number.
+type calendar bucket.Calendar
+
+func (c *calendar) UnmarshalYAML(n *yaml.Node) error {
+	s, err := scalarOf(n, "a calendar")
+	if err != nil {
+		return err
+	}
+	if n.ShortTag() == "!!int" {
+		v, err := parseInt(n, 32)
+		if err != nil || v < 0 || v > int64(bucket.CalendarMonth) {
+			return errorAt(n, "unknown calendar %s", s)
+		}
+		*c = calendar(v)
+		return nil
+	}
+	if strings.EqualFold(s, "CALENDAR_UNSPECIFIED") {
+		*c = calendar(bucket.CalendarNone)
+		return nil
+	}
+	v, err := bucket.ParseCalendar(strings.ToLower(s))
+	if err != nil {
+		return errorAt(n, "unknown calendar %q (want DAY, WEEK or MONTH, in any case)", s)
+	}
+	*c = calendar(v)
 	return nil
 }

@@ -37,6 +37,13 @@ func FromProto(p *pb.Rule) *rule.Rule {
 			MaxBatch: p.GetLease().GetMaxBatch(),
 			TTL:      dur(p.GetLease().GetTtl()),
 		},
+		Calendar: bucket.Calendar(clampCalendar(p.GetCalendar())),
+		TimeZone: p.GetTimeZone(),
+		Inline: rule.InlinePolicy{
+			MaxLimit:  p.GetInline().GetMaxLimit(),
+			MaxPeriod: dur(p.GetInline().GetMaxPeriod()),
+		},
+		ReservationTTL: dur(p.GetReservationTtl()),
 	}
 	if int(p.GetAlgorithm()) > int(bucket.Concurrency) || p.GetAlgorithm() < 0 {
 		r.Algorithm = bucket.Algorithm(255) // fails validation as unknown
@@ -45,6 +52,15 @@ func FromProto(p *pb.Rule) *rule.Rule {
 		r.Overrides = append(r.Overrides, rule.Override{Key: o.GetKey(), Limit: o.GetLimit(), Burst: o.GetBurst()})
 	}
 	return r
+}
+
+// clampCalendar reads a Calendar enum; numbers it does not know become
+// 255, which fails validation as unknown.
+func clampCalendar(c pb.Calendar) uint8 {
+	if c < 0 || c > pb.Calendar_MONTH {
+		return 255
+	}
+	return uint8(c)
 }
 
 // dur reads a Duration. One past what int64 nanoseconds hold saturates
@@ -80,6 +96,17 @@ func ToProto(r *rule.Rule) *pb.Rule {
 		Version:     r.Version,
 		Generation:  r.Generation,
 		UpdatedBy:   r.UpdatedBy,
+		Calendar:    pb.Calendar(r.Calendar),
+		TimeZone:    r.TimeZone,
+	}
+	if r.Inline != (rule.InlinePolicy{}) {
+		p.Inline = &pb.InlinePolicy{MaxLimit: r.Inline.MaxLimit}
+		if r.Inline.MaxPeriod != 0 {
+			p.Inline.MaxPeriod = durationpb.New(r.Inline.MaxPeriod)
+		}
+	}
+	if r.ReservationTTL != 0 {
+		p.ReservationTtl = durationpb.New(r.ReservationTTL)
 	}
 	if r.Warmup != 0 {
 		p.Warmup = durationpb.New(r.Warmup)

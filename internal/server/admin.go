@@ -53,6 +53,9 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 	if req.GetRule() == nil {
 		return nil, toError(failf(ErrBadRequest, "rule is missing"))
 	}
+	if err := auth.CheckName(ctx, req.GetRule().GetName()); err != nil {
+		return nil, err
+	}
 	in := rulepb.FromProto(req.GetRule())
 	in.UpdatedBy = actor(ctx)
 	r, err := s.n.control.Put(ctx, in, req.ExpectedVersion)
@@ -70,6 +73,9 @@ func (s *adminService) PutRule(ctx context.Context, req *pb.PutRuleRequest) (*pb
 
 // GetRule implements pb.AdminServiceServer.
 func (s *adminService) GetRule(ctx context.Context, req *pb.GetRuleRequest) (*pb.Rule, error) {
+	if err := auth.CheckName(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
 	if req.GetLocal() {
 		if err := rule.ValidName(req.GetName()); err != nil {
 			return nil, toError(err)
@@ -156,6 +162,9 @@ func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) 
 
 // DeleteRule implements pb.AdminServiceServer.
 func (s *adminService) DeleteRule(ctx context.Context, req *pb.DeleteRuleRequest) (*pb.DeleteRuleResponse, error) {
+	if err := auth.CheckName(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
 	if err := s.n.control.Delete(ctx, req.GetName(), req.ExpectedVersion); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.DeleteRule(ctx, req)

@@ -23,6 +23,19 @@ func DefaultBucketMemory() int64 {
 	return 1 << 30
 }
 
+// MemoryLimitFor is the soft memory limit (debug.SetMemoryLimit) a node
+// with bucket budget bytes sets when GOMEMLIMIT is not: 1.25 × budget +
+// 48 MiB. Live buckets never exceed the budget, so the rest is the GC's
+// headroom, gRPC buffers, the rule table and Raft; the node's peak RSS
+// stays within 1.25 × budget + 64 MiB (16 MiB for what the Go runtime
+// does not count, or returns late: the binary's text, freed pages not
+// yet scavenged). Without it
+// GOGC=400 (--gc-percent) lets the heap grow to five times the live
+// buckets under a key flood.
+func MemoryLimitFor(budget int64) int64 {
+	return budget + budget/4 + 48<<20
+}
+
 // ParseBytes reads a size in bytes: a whole number with an optional suffix
 // KiB, MiB, GiB or TiB (powers of 1024; K, M, G, T, KB, MB, GB and TB are
 // read the same way, as operators mean them for memory).

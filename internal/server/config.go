@@ -44,6 +44,43 @@ type Config struct {
 	// MaxViewStreams caps the WatchClusterView streams the node serves at
 	// once (0: DefaultMaxViewStreams).
 	MaxViewStreams int
+	// MaxConcurrentStreams caps the streams (calls) one client connection
+	// has open at once, and so the handlers a rapid-reset flood (HEADERS
+	// then RST_STREAM) can keep running: past it the connection's reader
+	// waits (0: DefaultMaxConcurrentStreams).
+	MaxConcurrentStreams uint32
+	// MaxHeaderListSize caps a request's header block in bytes: bigger
+	// headers are refused by the transport before any handler parses them
+	// (0: DefaultMaxHeaderListSize).
+	MaxHeaderListSize uint32
+	// ConnectionTimeout bounds a new connection's TLS handshake and HTTP/2
+	// preface (0: DefaultConnectionTimeout).
+	ConnectionTimeout time.Duration
+	// MaxConns caps the connections the gRPC port holds at once; past it a
+	// new connection is closed at once (0: DefaultMaxConns).
+	MaxConns int
+	// MaxConnsPerIP caps the gRPC connections from one remote IP address
+	// (0: DefaultMaxConnsPerIP).
+	MaxConnsPerIP int
+	// MaxHTTPConns and MaxHTTPConnsPerIP are the same caps for the HTTP
+	// port (0: DefaultMaxHTTPConns, DefaultMaxHTTPConnsPerIP).
+	MaxHTTPConns, MaxHTTPConnsPerIP int
+	// MaxHealthWatches caps the health Watch streams served at once;
+	// probes use Check, which is never capped (0: DefaultMaxHealthWatches).
+	MaxHealthWatches int
+	// MaxViewStreamsPerPrincipal caps the WatchClusterView streams of one
+	// caller: one authenticated principal, or one remote IP address when
+	// authentication is off (0: DefaultMaxViewStreamsPerPrincipal).
+	MaxViewStreamsPerPrincipal int
+	// ForwardTimeout bounds a forwarded data-plane call's first attempt
+	// on the key's owner, after which the key's next owner decides; the
+	// attempt also gets at most half of the caller's time left
+	// (0: DefaultForwardTimeout).
+	ForwardTimeout time.Duration
+	// MetricsAuth protects /metrics: "" or "open" serves it to anyone,
+	// "token" asks for a bearer token of --auth-tokens whose principal
+	// has the viewer role (metrics name rules and show their traffic).
+	MetricsAuth string
 	// DrainLinger is how long a stopping node keeps answering after it
 	// left the routing view, while clients hear of the new view.
 	DrainLinger time.Duration
@@ -69,6 +106,21 @@ type Config struct {
 // ResourceExhausted (the SDK then watches another member). Each idle
 // stream costs a goroutine and one send per ViewHeartbeat.
 const DefaultMaxViewStreams = 4096
+
+// Defaults of the limits of Config. A node's port is open to the network,
+// so every resource a caller can hold has a cap.
+const (
+	DefaultMaxConcurrentStreams       = 256
+	DefaultMaxHeaderListSize          = 8 << 10
+	DefaultConnectionTimeout          = 5 * time.Second
+	DefaultMaxConns                   = 16384
+	DefaultMaxConnsPerIP              = 2048
+	DefaultMaxHTTPConns               = 512
+	DefaultMaxHTTPConnsPerIP          = 64
+	DefaultMaxHealthWatches           = 256
+	DefaultMaxViewStreamsPerPrincipal = 256
+	DefaultForwardTimeout             = time.Second
+)
 
 // DefaultConfig returns the configuration of the no-flag single node.
 func DefaultConfig() Config {
@@ -112,6 +164,22 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("ShutdownGrace must be >= 0, got %v", c.ShutdownGrace)
 	case c.MaxViewStreams < 0:
 		return fmt.Errorf("MaxViewStreams must be >= 0, got %d", c.MaxViewStreams)
+	case c.ForwardTimeout < 0:
+		return fmt.Errorf("ForwardTimeout must be >= 0, got %v", c.ForwardTimeout)
+	case c.ConnectionTimeout < 0:
+		return fmt.Errorf("ConnectionTimeout must be >= 0, got %v", c.ConnectionTimeout)
+	case c.MaxHeaderListSize != 0 && c.MaxHeaderListSize < 1<<10:
+		return fmt.Errorf("MaxHeaderListSize must be at least 1 KiB, got %d", c.MaxHeaderListSize)
+	case c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxHTTPConns < 0 || c.MaxHTTPConnsPerIP < 0:
+		return fmt.Errorf("MaxConns, MaxConnsPerIP, MaxHTTPConns and MaxHTTPConnsPerIP must be >= 0, got %d, %d, %d, %d", c.MaxConns, c.MaxConnsPerIP, c.MaxHTTPConns, c.MaxHTTPConnsPerIP)
+	case c.MaxHealthWatches < 0:
+		return fmt.Errorf("MaxHealthWatches must be >= 0, got %d", c.MaxHealthWatches)
+	case c.MaxViewStreamsPerPrincipal < 0:
+		return fmt.Errorf("MaxViewStreamsPerPrincipal must be >= 0, got %d", c.MaxViewStreamsPerPrincipal)
+	case c.MetricsAuth != "" && c.MetricsAuth != "open" && c.MetricsAuth != "token":
+		return fmt.Errorf("MetricsAuth must be open or token, got %q", c.MetricsAuth)
+	case c.MetricsAuth == "token" && !c.Security.authOn():
+		return errors.New("MetricsAuth token needs bearer tokens: set Security.Auth (--auth-tokens)")
 	case c.DrainLinger < 0:
 		return fmt.Errorf("DrainLinger must be >= 0, got %v", c.DrainLinger)
 	}

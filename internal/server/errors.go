@@ -41,6 +41,13 @@ var (
 	// ErrWrongNode is a peer acting for a node its certificate does not
 	// name (PermissionDenied).
 	ErrWrongNode = errors.New("wrong node")
+	// ErrNoMember is a membership call naming a member the cluster does
+	// not have (NotFound).
+	ErrNoMember = errors.New("no such member")
+	// ErrUnauthenticated is a call whose credentials are refused before
+	// they are checked: an authorization header too long to be a token
+	// (Unauthenticated).
+	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrInternal is a bug: a panic in a handler, an answer that cannot
 	// be (Internal).
 	ErrInternal = errors.New("internal error")
@@ -75,7 +82,7 @@ func toStatus(err error) *status.Status {
 	switch {
 	case errors.Is(err, rule.ErrInvalid), errors.Is(err, ErrBadRequest):
 		return status.New(codes.InvalidArgument, err.Error())
-	case errors.Is(err, rule.ErrNotFound):
+	case errors.Is(err, ErrNoMember), errors.Is(err, rule.ErrNotFound), errors.Is(err, shard.ErrGrantNotFound), errors.Is(err, shard.ErrGrantExpired):
 		return status.New(codes.NotFound, err.Error())
 	case errors.Is(err, rule.ErrVersionMismatch), errors.Is(err, raftfsm.ErrRefused), errors.Is(err, ErrNoRaft):
 		return status.New(codes.FailedPrecondition, err.Error())
@@ -91,6 +98,8 @@ func toStatus(err error) *status.Status {
 		return status.New(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrStreamCap):
 		return status.New(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, ErrUnauthenticated):
+		return status.New(codes.Unauthenticated, err.Error())
 	case errors.Is(err, ErrWrongNode):
 		return status.New(codes.PermissionDenied, err.Error())
 	case errors.Is(err, shard.ErrBucketCap), errors.Is(err, shard.ErrMaxKeys), errors.Is(err, rule.ErrTooManyRules):
@@ -154,4 +163,14 @@ func peerError(who string, err error) error {
 // owner should.
 func unreachable(err error) bool {
 	return codeOf(err) == codes.Unavailable
+}
+
+// memberError is err of a membership call about member id, with the
+// control plane's not-found (which it reports as rule.ErrNotFound) said
+// as what it is: the member is not in the cluster.
+func memberError(id string, err error) error {
+	if err != nil && !errors.As(err, new(*rule.LeaderError)) && errors.Is(err, rule.ErrNotFound) {
+		return failf(ErrNoMember, "member %q is not in the cluster", id)
+	}
+	return err
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -18,6 +19,15 @@ import (
 func (n *Node) newGRPCServer(extra []func(grpc.ServiceRegistrar)) (*grpc.Server, error) {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(n.cfg.MaxRecvMsgSize),
+		// Limits for callers who mean harm: streams per connection (grpc-go
+		// runs at most this many handlers per connection, its rapid-reset
+		// mitigation), the header block's size (read before any handler,
+		// so a huge avoid header or bearer token is refused by the
+		// transport), and seconds, not gRPC's two minutes, for a new
+		// connection's handshake and preface.
+		grpc.MaxConcurrentStreams(cmp.Or(n.cfg.MaxConcurrentStreams, DefaultMaxConcurrentStreams)),
+		grpc.MaxHeaderListSize(cmp.Or(n.cfg.MaxHeaderListSize, DefaultMaxHeaderListSize)),
+		grpc.ConnectionTimeout(cmp.Or(n.cfg.ConnectionTimeout, DefaultConnectionTimeout)),
 		// Serve calls on a pool of goroutines whose stacks have already
 		// grown, rather than a new goroutine per call: growing a fresh
 		// stack through gRPC's receive path was a fifth of the server's
@@ -43,7 +53,7 @@ func (n *Node) newGRPCServer(extra []func(grpc.ServiceRegistrar)) (*grpc.Server,
 	}
 	s := grpc.NewServer(opts...)
 	n.RegisterServices(s)
-	healthpb.RegisterHealthServer(s, n.health)
+	healthpb.RegisterHealthServer(s, &healthService{Server: n.health, limit: int64(cmp.Or(n.cfg.MaxHealthWatches, DefaultMaxHealthWatches))})
 	reflection.Register(s)
 	for _, register := range extra {
 		register(s)

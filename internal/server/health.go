@@ -1,8 +1,10 @@
 package server
 
 import (
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -80,4 +82,24 @@ func (n *Node) notReadyReason() string {
 	default:
 		return "not in the routing view yet"
 	}
+}
+
+// healthService is gRPC's health server with a cap on Watch streams:
+// Check, what probes use, stays open and uncapped; each Watch holds a
+// goroutine and a stream for as long as its caller likes, so at most
+// Config.MaxHealthWatches run at once and one more gets ResourceExhausted.
+type healthService struct {
+	*health.Server
+	watches atomic.Int64
+	limit   int64
+}
+
+// Watch implements healthpb.HealthServer.
+func (h *healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	if h.watches.Add(1) > h.limit {
+		h.watches.Add(-1)
+		return toError(failf(ErrStreamCap, "this node serves %d health Watch streams already (its cap); probe with Check", h.limit))
+	}
+	defer h.watches.Add(-1)
+	return h.Server.Watch(req, stream)
 }

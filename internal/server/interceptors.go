@@ -47,6 +47,9 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 		if auth.IsWrite(info.FullMethod) {
 			n.audit(ctx, info.FullMethod, err)
 		}
+		if c, admin := n.metrics.admin[info.FullMethod]; admin {
+			c.observe(codeOf(err))
+		}
 		return resp, err
 	}
 	start := time.Now()
@@ -107,13 +110,29 @@ type ctxStream struct {
 
 func (s *ctxStream) Context() context.Context { return s.ctx }
 
+// MaxAuthorizationBytes bounds the authorization header a call may carry:
+// a longer one is refused Unauthenticated before it is hashed or looked
+// up (tokens that tokenctl makes are under 100 bytes).
+const MaxAuthorizationBytes = 1024
+
 // authorize is the interceptors' first step: the caller's principal in
 // ctx, or the status error (auth's) that refuses the call. A refused write
-// from an authenticated caller is logged.
+// from an authenticated caller is logged; every refusal is counted in
+// tokenserver_auth_failures_total.
 func (n *Node) authorize(ctx context.Context, method string) (context.Context, error) {
+	for _, v := range metadata.ValueFromIncomingContext(ctx, "authorization") {
+		if len(v) > MaxAuthorizationBytes {
+			n.metrics.authFailures.WithLabelValues(codes.Unauthenticated.String()).Inc()
+			return ctx, toError(failf(ErrUnauthenticated, "the authorization header is %d bytes; a bearer token is at most %d", len(v), MaxAuthorizationBytes))
+		}
+	}
 	ctx, err := n.auth.Authorize(ctx, method)
-	if err != nil && codeOf(err) == codes.PermissionDenied && auth.IsWrite(method) {
-		n.log.Warn("audit: write refused", "method", method, "err", toStatus(err).Message())
+	if err != nil {
+		code := codeOf(err)
+		n.metrics.authFailures.WithLabelValues(code.String()).Inc()
+		if code == codes.PermissionDenied && auth.IsWrite(method) {
+			n.log.Warn("audit: write refused", "method", method, "err", toStatus(err).Message())
+		}
 	}
 	return ctx, err
 }

@@ -5,6 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +25,11 @@ import (
 func (s *adminService) JoinCluster(ctx context.Context, req *pb.JoinClusterRequest) (*pb.JoinClusterResponse, error) {
 	if req.GetId() == "" || req.GetRaftAddr() == "" || req.GetGrpcAddr() == "" {
 		return nil, toError(failf(ErrBadRequest, "join needs id, raft_addr and grpc_addr"))
+	}
+	for _, f := range []struct{ name, addr string }{{"raft_addr", req.GetRaftAddr()}, {"grpc_addr", req.GetGrpcAddr()}} {
+		if err := checkHostPort(f.addr); err != nil {
+			return nil, toError(failf(ErrBadRequest, "%s %q is not host:port: %v", f.name, f.addr, err))
+		}
 	}
 	// A node joining itself must be the node its certificate names (a
 	// forwarded join was checked where it arrived; an admin's join, or a
@@ -46,7 +55,7 @@ func (s *adminService) RemoveMember(ctx context.Context, req *pb.RemoveMemberReq
 	if req.GetId() == "" {
 		return nil, toError(failf(ErrBadRequest, "id is empty"))
 	}
-	if err := s.n.control.RemoveMember(ctx, req.GetId()); err != nil {
+	if err := memberError(req.GetId(), s.n.control.RemoveMember(ctx, req.GetId())); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.RemoveMember(ctx, req)
 			return err
@@ -64,7 +73,7 @@ func (s *adminService) DrainMember(ctx context.Context, req *pb.DrainMemberReque
 	if req.GetId() == "" {
 		return nil, toError(failf(ErrBadRequest, "id is empty"))
 	}
-	if err := s.n.control.DrainMember(ctx, req.GetId()); err != nil {
+	if err := memberError(req.GetId(), s.n.control.DrainMember(ctx, req.GetId())); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.DrainMember(ctx, req)
 			return err
@@ -86,7 +95,7 @@ func (s *adminService) NodeStatus(context.Context, *pb.NodeStatusRequest) (*pb.N
 	return &pb.NodeStatusResponse{
 		Id: st.ID, Role: strings.ToLower(st.State), Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
 		Leader: st.Leader, Epoch: st.Epoch, Ready: s.n.ready.Load(), LastIndex: st.LastIndex, Draining: st.Draining || s.n.draining.Load(),
-		Version: buildinfo.Version(), RulesDigest: s.digestOf(t), Rules: uint64(t.Len()), Insecure: s.n.cfg.Security.Insecure,
+		Version: buildinfo.Version(), RulesDigest: s.digestOf(t), Rules: uint64(t.Len()), Insecure: s.n.insecure(),
 	}, nil
 }
 
@@ -166,4 +175,20 @@ func (s *adminService) ClusterStatus(ctx context.Context, req *pb.ClusterStatusR
 	}
 	wg.Wait()
 	return out, nil
+}
+
+// checkHostPort reports why addr is not a dialable host:port, nil if it
+// is one.
+func checkHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return errors.New("the host is empty")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
 }

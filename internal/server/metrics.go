@@ -26,9 +26,28 @@ type metrics struct {
 	failovers prometheus.Counter
 	apply     prometheus.Histogram
 	panics    prometheus.Counter
-	// methods are the latency observers of the TokenService methods.
+	cost      *costMetrics
+	// methods are the latency observers of the TokenService methods that
+	// decide (acquire, refill, renew; not the cluster view).
 	methods map[string]prometheus.Observer
+	// admin counts AdminService calls by method and code.
+	admin        map[string]adminCounter
+	adminCalls   *prometheus.CounterVec
+	authFailures *prometheus.CounterVec
+	ruleConfirms prometheus.Counter
 }
+
+// adminCounter counts one AdminService method's calls.
+type adminCounter struct {
+	vec    *prometheus.CounterVec
+	method string
+}
+
+func (a adminCounter) observe(c codes.Code) { a.vec.WithLabelValues(a.method, c.String()).Inc() }
+
+// decisionMethods are the TokenService methods timed in
+// tokenserver_decision_duration_seconds.
+var decisionMethods = map[string]bool{"AcquireToken": true, "AcquireTokens": true, "RefillToken": true, "RenewLease": true}
 
 func newMetrics(n *Node) *metrics {
 	m := &metrics{
@@ -59,12 +78,31 @@ func newMetrics(n *Node) *metrics {
 			Name: "tokenserver_owner_failovers_total",
 			Help: "Data-plane calls sent to a key's next owner (or decided here) because its owner could not be reached.",
 		}),
+		adminCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenserver_admin_requests_total",
+			Help: "AdminService calls answered by this node, by method and gRPC code.",
+		}, []string{"method", "code"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenserver_auth_failures_total",
+			Help: "gRPC calls refused by authentication or authorization, by gRPC code (Unauthenticated, PermissionDenied).",
+		}, []string{"code"}),
+		ruleConfirms: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenserver_rule_confirmations_total",
+			Help: "Data-plane calls for a rule this node did not know, checked with the leader before answering NOT_FOUND.",
+		}),
 		apply: n.hooks.apply,
 	}
 	m.methods = map[string]prometheus.Observer{}
 	for _, md := range pb.TokenService_ServiceDesc.Methods {
+		if !decisionMethods[md.MethodName] {
+			continue
+		}
 		full := "/" + pb.TokenService_ServiceDesc.ServiceName + "/" + md.MethodName
 		m.methods[full] = m.latency.WithLabelValues(md.MethodName)
+	}
+	m.admin = map[string]adminCounter{}
+	for _, md := range pb.AdminService_ServiceDesc.Methods {
+		m.admin["/"+pb.AdminService_ServiceDesc.ServiceName+"/"+md.MethodName] = adminCounter{vec: m.adminCalls, method: md.MethodName}
 	}
 	b := buildinfo.Read()
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -73,10 +111,21 @@ func newMetrics(n *Node) *metrics {
 	}, []string{"version", "revision", "goversion"})
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
-	m.reg.MustRegister(m.latency, m.batch, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
-		&nodeCollector{n: n},
+	m.cost = newCostMetrics(m.reg)
+	m.reg.MustRegister(m.latency, m.batch, m.adminCalls, m.authFailures, m.ruleConfirms, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
+		&nodeCollector{n: n}, certCollector{sec: &n.cfg.Security},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// newApplyHistogram is the histogram RaftHooks.ObserveApply records into
+// (made before the node, registered with its metrics).
+func newApplyHistogram() prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "tokenserver_raft_apply_duration_seconds",
+		Help:    "Time to commit and apply a Raft entry proposed by this node (rule writes, membership).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
 }
 
 // observeError counts an item answered with an error.
@@ -106,6 +155,7 @@ var (
 	descRaftCommit  = prometheus.NewDesc("tokenserver_raft_commit_index", "Raft commit index.", nil, nil)
 	descRaftApplied = prometheus.NewDesc("tokenserver_raft_applied_index", "Raft index applied to the rule table.", nil, nil)
 	descRaftContact = prometheus.NewDesc("tokenserver_raft_last_contact_seconds", "Seconds since a follower last heard from the leader (0 on the leader).", nil, nil)
+	descConnRefused = prometheus.NewDesc("tokenserver_connections_refused_total", "Connections closed at accept because a cap was reached (--max-conns, --max-conns-per-ip and the HTTP ones), by port.", []string{"port"}, nil)
 	descRaftMembers = prometheus.NewDesc("tokenserver_raft_members", "Servers in the Raft configuration, by suffrage.", []string{"suffrage"}, nil)
 )
 
@@ -116,7 +166,7 @@ type nodeCollector struct{ n *Node }
 // Describe implements prometheus.Collector.
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descDecisions, descBuckets, descEvicted, descCapDenied, descBucketBytes, descBucketMax, descRuleKeys, descRuleVersion, descRules,
-		descEpoch, descLive, descReady, descRaftState, descRaftLeader, descRaftTerm, descRaftCommit, descRaftApplied, descRaftContact, descRaftMembers} {
+		descEpoch, descLive, descReady, descRaftState, descRaftLeader, descRaftTerm, descRaftCommit, descRaftApplied, descRaftContact, descRaftMembers, descConnRefused} {
 		ch <- d
 	}
 }
@@ -148,6 +198,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ready = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready)
+	ch <- prometheus.MustNewConstMetric(descConnRefused, prometheus.CounterValue, float64(n.refusedGRPC.Load()), "grpc")
+	ch <- prometheus.MustNewConstMetric(descConnRefused, prometheus.CounterValue, float64(n.refusedHTTP.Load()), "http")
 	st, err := n.control.Status()
 	if err != nil {
 		return

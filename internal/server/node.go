@@ -86,6 +86,11 @@ type Node struct {
 	// forwarded marker counts only from peers (TLS or auth is on).
 	auth      *auth.Authenticator
 	peersOnly bool
+	// confirms holds a slot per leader read of an unknown rule in flight
+	// (confirmRule).
+	confirms chan struct{}
+	// refusedGRPC and refusedHTTP count connections closed at a cap.
+	refusedGRPC, refusedHTTP atomic.Int64
 
 	mu       sync.Mutex
 	lis      Listeners
@@ -119,6 +124,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		now:       cfg.Clock,
 		health:    health.NewServer(),
 		done:      make(chan struct{}),
+		confirms:  make(chan struct{}, maxRuleConfirms),
 	}
 	sec := &cfg.Security
 	if n.peers == nil {
@@ -131,8 +137,10 @@ func New(cfg Config, deps Deps) (*Node, error) {
 	n.metrics = newMetrics(n)
 	if n.now == nil {
 		start := time.Now()
-		// Offset by a day so that window arithmetic never sees time near 0.
-		n.now = func() int64 { return int64(time.Since(start)) + int64(24*time.Hour) }
+		// Unix nanoseconds as of start, advanced by the monotonic clock:
+		// calendar windows need wall time (see package bucket), and the
+		// clock still never steps.
+		n.now = func() int64 { return start.UnixNano() + int64(time.Since(start)) }
 	}
 	if sec.authOn() {
 		n.auth = sec.Auth
@@ -183,6 +191,10 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 		lis.Close()
 		return fmt.Errorf("http tls: %w", err)
 	}
+	lis.GRPC = newLimitListener(lis.GRPC, cmp.Or(n.cfg.MaxConns, DefaultMaxConns), cmp.Or(n.cfg.MaxConnsPerIP, DefaultMaxConnsPerIP), &n.refusedGRPC, n.acceptRetry("grpc"))
+	if lis.HTTP != nil {
+		lis.HTTP = newLimitListener(lis.HTTP, cmp.Or(n.cfg.MaxHTTPConns, DefaultMaxHTTPConns), cmp.Or(n.cfg.MaxHTTPConnsPerIP, DefaultMaxHTTPConnsPerIP), &n.refusedHTTP, n.acceptRetry("http"))
+	}
 	n.mu.Lock()
 	n.lis = lis
 	n.mu.Unlock()
@@ -227,10 +239,14 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 			}
 		}()
 	}
-	if n.cfg.Security.Insecure {
+	if n.cfg.Security.tlsOn() && !n.cfg.Security.authOn() && n.insecure() {
+		n.log.Warn("TLS without caller authentication: the calls are encrypted, but anyone who reaches the gRPC port can call every method; add --auth-tokens or --tls-client-ca", "node", n.data.ID())
+	} else if n.cfg.Security.Insecure {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
-	n.wg.Add(2)
+	n.warnExpiring(time.Now())
+	n.wg.Add(3)
+	go n.expireOverrides()
 	go n.sweep()
 	go n.watchReadiness()
 	n.wg.Add(1)
@@ -249,6 +265,14 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	}
 	n.Stop()
 	return err
+}
+
+// acceptRetry logs a temporary accept error of the port named port (out
+// of file descriptors), which its listener retries after delay.
+func (n *Node) acceptRetry(port string) func(error, time.Duration) {
+	return func(err error, delay time.Duration) {
+		n.log.Warn("accept failed; retrying", "port", port, "err", err, "retry_in", delay.String())
+	}
 }
 
 // runJoin asks members to add this node until it succeeds, fails or the

@@ -49,11 +49,7 @@ type RaftHooks struct {
 // NewRaftHooks returns hooks that record nothing yet.
 func NewRaftHooks() *RaftHooks {
 	return &RaftHooks{
-		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tokenserver_raft_apply_duration_seconds",
-			Help:    "Time to commit and apply a Raft entry proposed by this node (rule writes, membership).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
+		apply:    newApplyHistogram(),
 		caughtUp: make(chan struct{}, 1),
 	}
 }

@@ -1,10 +1,13 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"strings"
 	"sync"
+	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
@@ -76,19 +79,29 @@ func (n *Node) sole() bool {
 		st.State == "Leader" && st.AppliedIndex >= st.CommitIndex
 }
 
+// MaxAvoid is the most member ids of an AvoidHeader a node honors; the
+// rest are ignored.
+const MaxAvoid = 64
+
 // avoided returns the member ids of the caller's AvoidHeader that this
-// node honors (see Peers.avoidable), nil if none.
+// node honors (see Peers.avoidable), nil if none. It reads at most
+// MaxAvoid ids and never splits the whole header: its size is the
+// caller's (the transport bounds it by Config.MaxHeaderListSize).
 func (n *Node) avoided(ctx context.Context, v *cluster.View) map[string]bool {
 	vals := metadata.ValueFromIncomingContext(ctx, AvoidHeader)
 	if len(vals) == 0 {
 		return nil
 	}
 	var out map[string]bool
+	seen, pieces := 0, 0
 	for _, val := range vals {
-		for _, id := range strings.Split(val, ",") {
-			if id = strings.TrimSpace(id); id == "" || len(out) >= 64 || id == n.data.ID() {
+		for rest := val; rest != "" && seen < MaxAvoid && pieces < 16*MaxAvoid; pieces++ {
+			var id string
+			id, rest, _ = strings.Cut(rest, ",")
+			if id = strings.TrimSpace(id); id == "" || id == n.data.ID() {
 				continue
 			}
+			seen++
 			m, inView := v.Member(id)
 			if !inView || n.peers.avoidable(m) {
 				if out == nil {
@@ -115,19 +128,68 @@ func (n *Node) nextOwner(ctx context.Context, v *cluster.View, key, owner string
 }
 
 // toOwner makes a data-plane call on the key's owner, marked forwarded and
-// under the caller's deadline; a failure to reach it is Unavailable.
+// under the caller's deadline less a reserve (answerReserve) for this node
+// to answer with; a failure to reach it is Unavailable.
 func toOwner[R any](ctx context.Context, n *Node, owner *cluster.Member, call func(context.Context, pb.TokenServiceClient) (R, error)) (R, error) {
+	return toOwnerWithin(ctx, n, owner, false, call)
+}
+
+// tryOwner is toOwner for an attempt that a failover may follow: it gets
+// half of what is left of the caller's deadline, at most
+// Config.ForwardTimeout, so that the next owner can still answer in time
+// (as the SDK fails over within its call). An owner that does not answer
+// within that is Unavailable, as one that cannot be reached.
+func tryOwner[R any](ctx context.Context, n *Node, owner *cluster.Member, call func(context.Context, pb.TokenServiceClient) (R, error)) (R, error) {
+	return toOwnerWithin(ctx, n, owner, true, call)
+}
+
+func toOwnerWithin[R any](ctx context.Context, n *Node, owner *cluster.Member, first bool, call func(context.Context, pb.TokenServiceClient) (R, error)) (R, error) {
 	var zero R
 	conn, err := n.peers.conn(owner.GRPCAddr)
 	if err != nil {
 		return zero, peerError("owner "+owner.ID, err)
 	}
 	n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
-	resp, err := call(markForwarded(ctx), pb.NewTokenServiceClient(conn))
+	actx, cancel, budget := n.attemptContext(ctx, first)
+	defer cancel()
+	resp, err := call(markForwarded(actx), pb.NewTokenServiceClient(conn))
 	if err != nil {
+		// The caller's time is not up: a deadline hit is the attempt's
+		// (the owner may end the call itself just before, by the
+		// deadline it was sent).
+		if ctx.Err() == nil && (actx.Err() != nil || codeOf(err) == codes.DeadlineExceeded) {
+			return zero, failf(ErrUnavailable, "owner %s did not answer within %v", owner.ID, budget.Round(time.Microsecond))
+		}
 		return zero, peerError("owner "+owner.ID, err)
 	}
 	return resp, nil
+}
+
+// attemptContext bounds one forwarding attempt: a first attempt (that a
+// failover may follow) to half of what is left of ctx's deadline, at most
+// Config.ForwardTimeout; a last one to the deadline less a reserve
+// (answerReserve) for this node to answer its caller.
+func (n *Node) attemptContext(ctx context.Context, first bool) (context.Context, context.CancelFunc, time.Duration) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		d := cmp.Or(n.cfg.ForwardTimeout, DefaultForwardTimeout)
+		c, cancel := context.WithTimeout(ctx, d)
+		return c, cancel, d
+	}
+	left := time.Until(dl)
+	d := left - answerReserve(left)
+	if first {
+		d = min(left/2, cmp.Or(n.cfg.ForwardTimeout, DefaultForwardTimeout))
+	}
+	c, cancel := context.WithTimeout(ctx, d)
+	return c, cancel, d
+}
+
+// answerReserve is the part of a call's time left that forwarding leaves
+// for this node to answer (a batch, the items it could): a tenth, at most
+// 20 ms.
+func answerReserve(left time.Duration) time.Duration {
+	return min(left/10, 20*time.Millisecond)
 }
 
 // forwardBatch sends each owner its items as one AcquireTokens call and
@@ -148,7 +210,7 @@ func (n *Node) forwardBatchOnce(ctx context.Context, v *cluster.View, items []*p
 			for j, i := range idx {
 				sub.Requests[j] = items[i]
 			}
-			resp, err := toOwner(ctx, n, &owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokensResponse, error) {
+			resp, err := toOwnerWithin(ctx, n, &owner, failover, func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokensResponse, error) {
 				return c.AcquireTokens(ctx, sub)
 			})
 			if err == nil && len(resp.GetResults()) != len(idx) {
@@ -189,7 +251,7 @@ func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.A
 			continue
 		}
 		resp := new(pb.AcquireTokenResponse)
-		g, err := n.decide(t, v.Epoch, items[i], resp)
+		g, err := n.decide(ctx, t, v.Epoch, items[i], resp)
 		if err != nil {
 			st := toStatus(err)
 			n.metrics.observeError(st.Code())

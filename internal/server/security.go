@@ -116,3 +116,11 @@ func CheckPeers(sec *Security, multiNode bool, raftBind string) error {
 	}
 	return nil
 }
+
+// insecure reports whether the node serves callers it cannot tell apart
+// on an address other hosts reach: --insecure, or no caller
+// authentication (TLS alone encrypts, it does not authenticate) on a gRPC
+// address that is not loopback. NodeStatus reports it.
+func (n *Node) insecure() bool {
+	return n.cfg.Security.Insecure || (!n.cfg.Security.authOn() && !auth.IsLoopback(n.cfg.GRPCAddr))
+}

@@ -41,6 +41,18 @@ type testNode struct {
 
 func newTestNode(t testing.TB, mutate func(*Config)) *testNode {
 	t.Helper()
+	return newTestNodeData(t, mutate, nil)
+}
+
+// newTestNodeWith is newTestNode whose data plane wrap makes from the
+// node's Standalone (a view of more members, say).
+func newTestNodeWith(t testing.TB, wrap func(*Standalone) DataPlane) *testNode {
+	t.Helper()
+	return newTestNodeData(t, nil, wrap)
+}
+
+func newTestNodeData(t testing.TB, mutate func(*Config), wrap func(*Standalone) DataPlane) *testNode {
+	t.Helper()
 	tn := &testNode{}
 	tn.clock.Store(int64(100 * time.Second))
 	cfg := DefaultConfig()
@@ -50,7 +62,11 @@ func newTestNode(t testing.TB, mutate func(*Config)) *testNode {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	n, err := New(cfg, NewStandalone("node-1", "bufnet", inmem(t, cfg.MaxRules)).Deps())
+	deps := NewStandalone("node-1", "bufnet", inmem(t, cfg.MaxRules)).Deps()
+	if wrap != nil {
+		deps.Data = wrap(deps.Control.(*Standalone))
+	}
+	n, err := New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

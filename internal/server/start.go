@@ -71,6 +71,9 @@ func Start(o Options) (*Node, Listeners, error) {
 	if err := CheckPeers(&o.Server.Security, multi, o.Raft.RaftBind); err != nil {
 		return nil, Listeners{}, err
 	}
+	if err := CheckPeerCert(&o.Server.Security, o.Raft.NodeID); err != nil {
+		return nil, Listeners{}, err
+	}
 	lis, err := Listen(o.Server)
 	if err != nil {
 		return nil, Listeners{}, err

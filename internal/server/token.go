@@ -40,19 +40,27 @@ func lookup(t *rule.Table, name, key string) (*rule.Compiled, error) {
 }
 
 // lookupReady is lookup that answers ErrNotReady instead of NotFound
-// while the node has not replayed its Raft log: the rule may exist.
-func (n *Node) lookupReady(t *rule.Table, name, key string) (*rule.Compiled, error) {
+// while the node has not replayed its Raft log: the rule may exist. A
+// ready node that does not know the rule asks the leader before it
+// answers NotFound (see confirmRule): a rule written a moment ago may
+// not have reached this node's table yet.
+func (n *Node) lookupReady(ctx context.Context, t *rule.Table, name, key string) (*rule.Compiled, error) {
 	c, err := lookup(t, name, key)
-	if err != nil && errors.Is(err, rule.ErrNotFound) && !n.data.Ready() {
-		return nil, failf(ErrNotReady, "rule %q is not in this node's table yet (the node is replaying its Raft log); retry", name)
+	if err != nil && errors.Is(err, rule.ErrNotFound) {
+		if !n.data.Ready() {
+			return nil, failf(ErrNotReady, "rule %q is not in this node's table yet (the node is replaying its Raft log); retry", name)
+		}
+		if c2 := n.confirmRule(ctx, name); c2 != nil {
+			return c2, nil
+		}
 	}
 	return c, err
 }
 
 // decide answers one acquire into resp, except its grant id, which the
 // caller encodes from the returned grant.
-func (n *Node) decide(t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (shard.Grant, error) {
-	c, err := n.lookupReady(t, req.GetRule(), req.GetKey())
+func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (shard.Grant, error) {
+	c, err := n.lookupReady(ctx, t, req.GetRule(), req.GetKey())
 	if err != nil {
 		return shard.Grant{}, err
 	}
@@ -78,7 +86,12 @@ func (n *Node) decide(t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, 
 	resp.WaitBeforeNs = d.WaitBefore
 	resp.RuleVersion = c.Rule.Version
 	resp.Epoch = epoch
-	resp.Reason = pb.Reason(d.Reason)
+	// Reason says why a decision went as it did; an algorithm's plain
+	// allow has none (LIMIT is for what the limit denied, or a shadow rule
+	// would have).
+	if !d.Allowed || d.ShadowDenied || d.Reason != shard.ReasonLimit {
+		resp.Reason = pb.Reason(d.Reason)
+	}
 	resp.ShadowDenied = d.ShadowDenied
 	return d.Grant, nil
 }
@@ -94,7 +107,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		acquire := func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
 			return c.AcquireToken(ctx, req)
 		}
-		resp, err := toOwner(ctx, s.n, owner, acquire)
+		resp, err := tryOwner(ctx, s.n, owner, acquire)
 		if err == nil || !unreachable(err) {
 			return resp, err
 		}
@@ -108,7 +121,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		}
 	}
 	resp := new(pb.AcquireTokenResponse)
-	g, err := s.n.decide(s.n.data.Table(), v.Epoch, req, resp)
+	g, err := s.n.decide(ctx, s.n.data.Table(), v.Epoch, req, resp)
 	if err != nil {
 		return nil, toError(err)
 	}
@@ -162,7 +175,7 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 				continue
 			}
 		}
-		g, err := s.n.decide(t, v.Epoch, it, &resps[i])
+		g, err := s.n.decide(ctx, t, v.Epoch, it, &resps[i])
 		if err != nil {
 			st := toStatus(err)
 			s.n.metrics.observeError(st.Code())
@@ -194,7 +207,7 @@ func (n *Node) owned(ctx context.Context, name, key string) (*rule.Compiled, *cl
 	if err != nil || owner != nil {
 		return nil, owner, err
 	}
-	c, err := n.lookupReady(n.data.Table(), name, key)
+	c, err := n.lookupReady(ctx, n.data.Table(), name, key)
 	return c, nil, err
 }
 

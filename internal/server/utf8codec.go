@@ -19,7 +19,9 @@ import (
 // holds invalid UTF-8 (which proto3 refuses to decode, and gRPC then
 // answers INTERNAL) is decoded as an empty message and remembered with the
 // path of the offending field; the interceptors answer it InvalidArgument
-// naming that field before any handler sees it. Each node has its own.
+// naming that field before any handler sees it. A request that is no
+// valid protobuf at all is remembered and answered InvalidArgument the
+// same way. Each node has its own.
 //
 // It is hand-written because the schema cannot say it: a string field opts
 // out of decode-time validation only with protobuf editions
@@ -57,28 +59,32 @@ func (c *utf8Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return err
 	}
-	field := invalidUTF8Field(data.Materialize(), m.ProtoReflect().Descriptor(), "")
-	if field == "" {
-		return err
+	// gRPC answers any decoding error INTERNAL: remember why instead, and
+	// let the interceptors answer InvalidArgument.
+	var bad error
+	if field := invalidUTF8Field(data.Materialize(), m.ProtoReflect().Descriptor(), ""); field != "" {
+		bad = failf(ErrBadRequest, "%s is not valid UTF-8", field)
+	} else {
+		bad = failf(ErrBadRequest, "the request is not a valid %s message: %v", m.ProtoReflect().Descriptor().FullName(), err)
 	}
 	proto.Reset(m)
-	c.bad.Store(m, field)
+	c.bad.Store(m, bad)
 	c.pending.Add(1)
 	return nil
 }
 
-// take returns the error (ErrBadRequest) of a request decoded with
-// invalid UTF-8, or nil, forgetting it.
+// take returns the error (ErrBadRequest) of a request that did not
+// decode (invalid UTF-8 or malformed protobuf), or nil, forgetting it.
 func (c *utf8Codec) take(req any) error {
 	if c.pending.Load() == 0 || req == nil {
 		return nil
 	}
-	f, ok := c.bad.LoadAndDelete(req)
+	bad, ok := c.bad.LoadAndDelete(req)
 	if !ok {
 		return nil
 	}
 	c.pending.Add(-1)
-	return failf(ErrBadRequest, "%s is not valid UTF-8", f)
+	return bad.(error)
 }
 
 // invalidUTF8Field walks the wire form b of a message of descriptor d and

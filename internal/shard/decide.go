@@ -150,6 +150,7 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 			return Decision{}, err
 		}
 	}
+	m.follow(e, cfg, now)
 	d, err := m.decide(e, c, cfg, req, lease, now)
 	e.mu.Unlock()
 	if err != nil {

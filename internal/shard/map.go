@@ -97,6 +97,9 @@ type entry struct {
 	// lookup that finds such a dead entry looks again). The bucket counts
 	// in the account of its generation (see accounts).
 	rule *rule.Compiled
+	// cfg is the configuration the bucket was last judged by; a runtime
+	// override changes it without a new rule version (see follow).
+	cfg *bucket.Config
 	// penaltyUntil is the end of the key's penalty lock-out.
 	penaltyUntil int64
 	// refilled records grants already given back (windows and buckets;
@@ -183,7 +186,7 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 	}
 	b := bucket.New(cfg, now) // after admission: a refused key allocates nothing
 	first := max(uint64(now), m.dropped.Load()+1)
-	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c}
+	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c, cfg: cfg}
 	e.mu.Lock()
 	sh.insert(m.seed, h, e)
 	sh.mu.Unlock()

@@ -30,6 +30,9 @@ func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
 	before := e.bytes()
 	if sameGen && old.Rule.Algorithm == c.Rule.Algorithm {
 		oldCfg := old.ConfigFor(key)
+		if e.cfg != nil && e.cfg.Algorithm == oldCfg.Algorithm {
+			oldCfg = e.cfg
+		}
 		e.b.Reconfigure(oldCfg, newCfg, now)
 		if e.refilled != nil && validity(newCfg) > validity(oldCfg) {
 			// Records of grants given back may be pruned by the shorter
@@ -49,7 +52,7 @@ func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
 	if c.Rule.Penalty == 0 {
 		e.penaltyUntil = 0
 	}
-	e.rule = c
+	e.rule, e.cfg = c, newCfg
 	if sameGen {
 		m.charge(c, e.bytes()-before)
 	} else {
@@ -71,4 +74,20 @@ func (m *Map) moveKey(old, c *rule.Compiled) error {
 	m.accounts.pin(old).keys.Add(-1)
 	m.accounts.unpin()
 	return nil
+}
+
+// follow moves e to cfg, the configuration that now applies to its key
+// under its own rule version, when a runtime override changed it since
+// the bucket was last judged: the state is kept, clamped to the new
+// capacity, as for a rule change. e.mu is held.
+func (m *Map) follow(e *entry, cfg *bucket.Config, now int64) {
+	if e.cfg == cfg {
+		return
+	}
+	if e.cfg != nil && *e.cfg != *cfg && e.cfg.Algorithm == cfg.Algorithm {
+		before := e.bytes()
+		e.b.Reconfigure(e.cfg, cfg, now)
+		m.charge(e.rule, e.bytes()-before)
+	}
+	e.cfg = cfg
 }

@@ -68,6 +68,7 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 		return 0, 0, err
 	}
 	cfg = c.ConfigFor(key)
+	m.follow(e, cfg, now)
 	if g.Nonce < e.first {
 		// The grant belongs to an earlier bucket of the key, evicted
 		// since (back at its initial state): nothing of it is here.
@@ -93,7 +94,7 @@ func validity(cfg *bucket.Config) int64 {
 	if cfg.Algorithm == bucket.LeakyBucket {
 		return 2*cfg.Period + cfg.Capacity()*(cfg.Period/cfg.Limit)
 	}
-	return cfg.Period
+	return cfg.Span()
 }
 
 // refillOnce records that the grant nonce, made at issued and refillable

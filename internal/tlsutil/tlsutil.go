@@ -2,7 +2,6 @@
 package tlsutil
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -30,9 +29,11 @@ type ClientAuth int
 
 // The client authentication modes of --tls-client-auth.
 const (
-	// ClientAuthNone asks for no client certificate. A peer may still offer
-	// its own (forwarded calls): an offered certificate must then chain to
-	// the peer CA, or the handshake fails.
+	// ClientAuthNone asks clients for no certificate and uses none: a
+	// client's certificate never names the caller. Only a connection that
+	// asks for PeerServerName (a peer forwarding calls) is asked for its
+	// certificate, which must then be a peer's (see PeerID), or the
+	// handshake fails.
 	ClientAuthNone ClientAuth = iota
 	// ClientAuthRequest asks for a client certificate; one that is offered
 	// must chain to the client CA or the peer CA.
@@ -84,6 +85,12 @@ type Files struct {
 	// PeerCAFile is the CA bundle peer certificates must chain to
 	// (--peer-tls-ca).
 	PeerCAFile string
+	// DenySerialsFile lists certificate serial numbers to refuse, client
+	// and peer certificates alike (--tls-deny-serials): one a line, in hex
+	// (colons and a 0x prefix allowed, as openssl and browsers print
+	// them); blank lines and lines starting with # are skipped. Watched
+	// like the other files.
+	DenySerialsFile string
 }
 
 // withDefaults fills the peer files from the client-facing ones.
@@ -116,6 +123,16 @@ type Options struct {
 	Interval time.Duration
 	// Logger receives reloads and failed reloads; nil discards.
 	Logger *slog.Logger
+	// PeerIDPattern also recognizes peer certificates by a URI SAN that
+	// matches it, for CAs that issue SPIFFE IDs (cert-manager, SPIRE):
+	// e.g. spiffe://cluster.local/ns/ts/sa/tokenserver/{id}, where {id}
+	// stands for the node id; without {id} the URI must equal it, and such
+	// a certificate names no node id. "" recognizes tokenserver://node/ID
+	// only.
+	PeerIDPattern string
+	// Now is the clock that expiry warnings and metrics use (time.Now
+	// when nil).
+	Now func() time.Time
 }
 
 // Reloader holds a node's certificates, keys and CA pools, and re-reads
@@ -127,6 +144,7 @@ type Options struct {
 // safe for simultaneous use.
 type Reloader struct {
 	files Files
+	o     Options
 	log   *slog.Logger
 	cur   atomic.Pointer[material]
 	watch *filewatch.Watcher
@@ -141,7 +159,10 @@ type material struct {
 	clientCAs, peerCAs   []*x509.Certificate
 	clientPool, peerPool *x509.CertPool
 	server               [3]*tls.Config // client-facing, by ClientAuth
+	peerOnly             *tls.Config    // client-facing, mode none, to a peer (PeerServerName)
 	peerServer           *tls.Config
+	denied               map[string]struct{} // denied serials (big-endian bytes)
+	pattern              string              // Options.PeerIDPattern
 }
 
 // New loads files and, unless opts.Interval < 0, polls them until Close.
@@ -151,9 +172,15 @@ func New(files Files, opts Options) (*Reloader, error) {
 	if err := files.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Reloader{files: files.withDefaults(), log: opts.Logger}
+	if err := ValidPeerIDPattern(opts.PeerIDPattern); err != nil {
+		return nil, err
+	}
+	r := &Reloader{files: files.withDefaults(), o: opts, log: opts.Logger}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.o.Now == nil {
+		r.o.Now = time.Now
 	}
 	interval := opts.Interval
 	if interval == 0 {
@@ -164,9 +191,10 @@ func New(files Files, opts Options) (*Reloader, error) {
 	}
 	f := r.files
 	w, err := filewatch.New(filewatch.Options{
-		Paths:    []string{f.CertFile, f.KeyFile, f.ClientCAFile, f.PeerCertFile, f.PeerKeyFile, f.PeerCAFile},
+		Paths:    []string{f.CertFile, f.KeyFile, f.ClientCAFile, f.PeerCertFile, f.PeerKeyFile, f.PeerCAFile, f.DenySerialsFile},
 		Interval: interval,
 		Load:     r.install,
+		Now:      r.o.Now,
 		OnError: func(err error) {
 			r.log.Warn("tls: reload failed; still serving the previous certificates", "error", tlsError(err))
 		},
@@ -212,6 +240,7 @@ const (
 	fPeerCert
 	fPeerKey
 	fPeerCA
+	fDeny
 	nFiles
 )
 
@@ -226,7 +255,17 @@ func (r *Reloader) install(c filewatch.Content) error {
 	if err != nil {
 		return err
 	}
+	var badDeny []error
+	if r.files.DenySerialsFile != "" {
+		m.denied, badDeny = parseSerials(contents[fDeny], r.files.DenySerialsFile)
+		if len(badDeny) > 0 && c.Generation <= 1 {
+			return errors.Join(badDeny...) // at start: refuse, an operator is there
+		}
+	}
 	r.cur.Store(m)
+	if !r.Enabled() {
+		return nil
+	}
 	attrs := []any{"generation", c.Generation}
 	if m.cert != nil {
 		attrs = append(attrs, "cert_not_after", m.cert.Leaf.NotAfter)
@@ -234,13 +273,63 @@ func (r *Reloader) install(c filewatch.Content) error {
 	if m.peerCert != nil {
 		attrs = append(attrs, "peer_cert_not_after", m.peerCert.Leaf.NotAfter)
 	}
+	if m.denied != nil {
+		attrs = append(attrs, "denied_serials", len(m.denied))
+	}
 	r.log.Info("tls: certificates loaded", attrs...)
+	r.warnValidity(m)
+	if len(badDeny) > 0 {
+		for _, err := range badDeny {
+			r.log.Warn("tls: deny list line ignored: that serial is NOT denied", "error", err)
+		}
+		return &filewatch.PartialError{Err: fmt.Errorf("%s: %d bad lines left out: %w", r.files.DenySerialsFile, len(badDeny), errors.Join(badDeny...))}
+	}
 	return nil
+}
+
+// warnValidity logs at warn each loaded certificate that is expired or not
+// valid yet: handshakes with it fail, and the files are in use anyway
+// (the previous ones may be no better).
+func (r *Reloader) warnValidity(m *material) {
+	now := r.o.Now()
+	for _, nc := range m.named() {
+		switch {
+		case now.After(nc.cert.NotAfter):
+			r.log.Warn("tls: certificate expired", "cert", nc.name, "subject", nc.cert.Subject.String(), "not_after", nc.cert.NotAfter)
+		case now.Before(nc.cert.NotBefore):
+			r.log.Warn("tls: certificate not valid yet", "cert", nc.name, "subject", nc.cert.Subject.String(), "not_before", nc.cert.NotBefore)
+		}
+	}
+}
+
+// namedCert is a loaded certificate and the cert label of its metric.
+type namedCert struct {
+	name string
+	cert *x509.Certificate
+}
+
+// named lists the loaded certificates: the client-facing and peer
+// certificates, and each CA of the bundles.
+func (m *material) named() []namedCert {
+	var out []namedCert
+	if m.cert != nil {
+		out = append(out, namedCert{"server", m.cert.Leaf})
+	}
+	if m.peerCert != nil {
+		out = append(out, namedCert{"peer", m.peerCert.Leaf})
+	}
+	for _, c := range m.clientCAs {
+		out = append(out, namedCert{"client_ca", c})
+	}
+	for _, c := range m.peerCAs {
+		out = append(out, namedCert{"peer_ca", c})
+	}
+	return out
 }
 
 func (r *Reloader) load(c [nFiles][]byte) (*material, error) {
 	f := r.files
-	m := &material{}
+	m := &material{pattern: r.o.PeerIDPattern}
 	var err error
 	if f.CertFile != "" {
 		if m.cert, err = keyPair(c[fCert], c[fKey], f.CertFile, f.KeyFile); err != nil {
@@ -274,6 +363,16 @@ func (r *Reloader) load(c [nFiles][]byte) (*material, error) {
 		for a := range m.server {
 			m.server[a] = r.serverConfig(m, ClientAuth(a))
 		}
+		if len(m.peerCAs) > 0 {
+			m.peerOnly = r.serverConfig(m, ClientAuthNone)
+			m.peerOnly.ClientAuth, m.peerOnly.ClientCAs = tls.VerifyClientCertIfGiven, m.peerPool
+			m.peerOnly.VerifyConnection = func(cs tls.ConnectionState) error {
+				if len(cs.VerifiedChains) == 0 {
+					return nil // no certificate offered
+				}
+				return m.verifyPeerClient(cs)
+			}
+		}
 	}
 	if m.peerCert != nil && len(m.peerCAs) > 0 {
 		m.peerServer = &tls.Config{
@@ -281,7 +380,7 @@ func (r *Reloader) load(c [nFiles][]byte) (*material, error) {
 			Certificates:     []tls.Certificate{*m.peerCert},
 			ClientAuth:       tls.RequireAndVerifyClientCert,
 			ClientCAs:        m.peerPool,
-			VerifyConnection: r.verifyPeerConnection,
+			VerifyConnection: m.verifyPeerClient,
 		}
 	}
 	return m, nil
@@ -299,16 +398,15 @@ func (r *Reloader) serverConfig(m *material, a ClientAuth) *tls.Config {
 			return m.cert, nil
 		},
 	}
-	switch {
-	case a == ClientAuthRequire:
+	switch a {
+	case ClientAuthRequire:
 		c.ClientAuth, c.ClientCAs = tls.RequireAndVerifyClientCert, m.clientPool
-	case a == ClientAuthRequest || len(m.peerCAs) > 0:
-		// In mode none a peer may offer its certificate (forwarded calls);
-		// only peer certificates are then accepted.
+	case ClientAuthRequest:
 		c.ClientAuth, c.ClientCAs = tls.VerifyClientCertIfGiven, m.clientPool
-		if a == ClientAuthNone {
-			c.ClientCAs = m.peerPool
-		}
+	}
+	// In mode none no certificate is asked for (peers get m.peerOnly).
+	if a != ClientAuthNone {
+		c.VerifyConnection = m.refuseDenied
 	}
 	return c
 }
@@ -347,7 +445,9 @@ func parseCerts(data []byte, name string) ([]*x509.Certificate, error) {
 // ServerConfig returns the config of a client-facing listener (gRPC, and
 // HTTP unless --http-tls=false): TLS 1.2 at least, ALPN h2 and http/1.1,
 // the current certificate on every new handshake, and client certificates
-// verified by mode a against the client CA plus the peer CA.
+// verified by mode a against the client CA plus the peer CA. In mode none
+// only a peer (asking for PeerServerName) is asked for a certificate.
+// Certificates whose serial is on the deny list are refused.
 func (r *Reloader) ServerConfig(a ClientAuth) (*tls.Config, error) {
 	if r.files.CertFile == "" {
 		return nil, errors.New("tls: no server certificate (--tls-cert, --tls-key)")
@@ -358,7 +458,13 @@ func (r *Reloader) ServerConfig(a ClientAuth) (*tls.Config, error) {
 	if a < ClientAuthNone || a > ClientAuthRequire {
 		return nil, fmt.Errorf("tls: unknown client auth %d", a)
 	}
-	get := func(*tls.ClientHelloInfo) (*tls.Config, error) { return r.cur.Load().server[a], nil }
+	get := func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		m := r.cur.Load()
+		if a == ClientAuthNone && hello.ServerName == PeerServerName && m.peerOnly != nil {
+			return m.peerOnly, nil
+		}
+		return m.server[a], nil
+	}
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		NextProtos:         []string{"h2", "http/1.1"},
@@ -367,120 +473,4 @@ func (r *Reloader) ServerConfig(a ClientAuth) (*tls.Config, error) {
 		// a certificate source.
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return r.cur.Load().cert, nil },
 	}, nil
-}
-
-func (r *Reloader) peerReady() error {
-	switch {
-	case r.files.PeerCertFile == "":
-		return errors.New("tls: no peer certificate (--peer-tls-cert and --peer-tls-key, or --tls-cert and --tls-key)")
-	case r.files.PeerCAFile == "":
-		return errors.New("tls: no peer CA (--peer-tls-ca, or --tls-client-ca)")
-	}
-	return nil
-}
-
-// PeerServerConfig returns the config of the Raft listener: the peer
-// certificate, and mutual TLS that refuses a client whose certificate is not
-// a peer's (see PeerID).
-func (r *Reloader) PeerServerConfig() (*tls.Config, error) {
-	if err := r.peerReady(); err != nil {
-		return nil, err
-	}
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return r.cur.Load().peerServer, nil
-		},
-	}, nil
-}
-
-// PeerClientConfig returns the config a node dials its peers with (Raft,
-// forwarding, health checks, join probes): it presents the peer certificate,
-// sends PeerServerName, and accepts only a server whose certificate is a
-// peer's. Host names are not checked: the peer CA is the trust.
-func (r *Reloader) PeerClientConfig() (*tls.Config, error) {
-	if err := r.peerReady(); err != nil {
-		return nil, err
-	}
-	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		ServerName: PeerServerName,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return r.cur.Load().peerCert, nil
-		},
-		// Verification is VerifyConnection's, against the current pool.
-		InsecureSkipVerify: true,
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			m := r.cur.Load()
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("tls: the peer sent no certificate")
-			}
-			inter := x509.NewCertPool()
-			for _, c := range cs.PeerCertificates[1:] {
-				inter.AddCert(c)
-			}
-			chains, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-				Roots: m.peerPool, Intermediates: inter,
-				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			})
-			if err != nil {
-				return fmt.Errorf("tls: peer certificate: %w", err)
-			}
-			if _, ok := m.peerID(chains); !ok {
-				return errors.New("tls: the server's certificate is not a node certificate (no tokenserver://node/ID URI SAN)")
-			}
-			return nil
-		},
-	}, nil
-}
-
-// verifyPeerConnection refuses a Raft client whose verified certificate is
-// not a peer's.
-func (r *Reloader) verifyPeerConnection(cs tls.ConnectionState) error {
-	if _, ok := r.cur.Load().peerID(cs.VerifiedChains); !ok {
-		return errors.New("tls: the client's certificate is not a node certificate (no tokenserver://node/ID URI SAN)")
-	}
-	return nil
-}
-
-// PeerID reports whether a connection's verified client certificate is a
-// peer's and returns the node id it names ("" when it names none). A peer
-// certificate chains to the peer CA; when that CA is also a client CA (one
-// CA for clients and nodes, as `tokenctl certs` makes), it must also name a
-// node in a tokenserver://node/ID URI SAN, so that client certificates are
-// never peers. Cheap: no signature is checked again.
-func (r *Reloader) PeerID(cs *tls.ConnectionState) (string, bool) {
-	if cs == nil {
-		return "", false
-	}
-	return r.cur.Load().peerID(cs.VerifiedChains)
-}
-
-func (m *material) peerID(chains [][]*x509.Certificate) (string, bool) {
-	for _, chain := range chains {
-		if len(chain) == 0 {
-			continue
-		}
-		root := chain[len(chain)-1]
-		if !contains(m.peerCAs, root) {
-			continue
-		}
-		ids := NodeIDs(chain[0])
-		if len(ids) > 0 {
-			return ids[0], true
-		}
-		if !contains(m.clientCAs, root) {
-			return "", true // a CA of peers only
-		}
-	}
-	return "", false
-}
-
-func contains(set []*x509.Certificate, c *x509.Certificate) bool {
-	for _, s := range set {
-		if s == c || bytes.Equal(s.Raw, c.Raw) {
-			return true
-		}
-	}
-	return false
 }

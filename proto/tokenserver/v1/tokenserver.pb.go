@@ -334,7 +334,7 @@ func (TopKeysWindow) EnumDescriptor() ([]byte, []int) {
 // Rule is a named limit.
 type Rule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Name: 1 to 128 characters of [A-Za-z0-9_.:-].
+	// Name: 1 to 128 characters of [A-Za-z0-9_.:/-].
 	Name      string    `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Algorithm Algorithm `protobuf:"varint,2,opt,name=algorithm,proto3,enum=tokenserver.v1.Algorithm" json:"algorithm,omitempty"`
 	// Permits per period; for CONCURRENCY the number of leases held at once.
@@ -1820,8 +1820,13 @@ type PutRuleRequest struct {
 	Rule  *Rule                  `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
 	// Compare-and-set: the version the caller last saw; 0 = must not exist.
 	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Idempotency key (at most 128 bytes; empty: none): a retry with the
+	// request_id of a write the cluster already applied answers that
+	// write's result instead of applying it again. The cluster remembers
+	// the last 10,000 ids; generate a fresh one per write.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutRuleRequest) Reset() {
@@ -1866,6 +1871,13 @@ func (x *PutRuleRequest) GetExpectedVersion() uint64 {
 		return *x.ExpectedVersion
 	}
 	return 0
+}
+
+func (x *PutRuleRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type PutRuleResponse struct {
@@ -2087,8 +2099,10 @@ type DeleteRuleRequest struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Compare-and-set, as in PutRuleRequest.
 	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Idempotency key, as in PutRuleRequest.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRuleRequest) Reset() {
@@ -2133,6 +2147,13 @@ func (x *DeleteRuleRequest) GetExpectedVersion() uint64 {
 		return *x.ExpectedVersion
 	}
 	return 0
+}
+
+func (x *DeleteRuleRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type DeleteRuleResponse struct {
@@ -4907,10 +4928,12 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x05burst\x18\x05 \x01(\x03R\x05burst\x124\n" +
 	"\bfallback\x18\x06 \x01(\v2\x18.tokenserver.v1.FallbackR\bfallback\x123\n" +
 	"\x05lease\x18\a \x01(\v2\x1d.tokenserver.v1.LeaseSettingsR\x05lease\x12\x18\n" +
-	"\aversion\x18\b \x01(\x04R\aversion\"\x7f\n" +
+	"\aversion\x18\b \x01(\x04R\aversion\"\x9e\x01\n" +
 	"\x0ePutRuleRequest\x12(\n" +
 	"\x04rule\x18\x01 \x01(\v2\x14.tokenserver.v1.RuleR\x04rule\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestIdB\x13\n" +
 	"\x11_expected_version\";\n" +
 	"\x0fPutRuleResponse\x12(\n" +
 	"\x04rule\x18\x01 \x01(\v2\x14.tokenserver.v1.RuleR\x04rule\":\n" +
@@ -4924,10 +4947,12 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"g\n" +
 	"\x11ListRulesResponse\x12*\n" +
 	"\x05rules\x18\x01 \x03(\v2\x14.tokenserver.v1.RuleR\x05rules\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"l\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8b\x01\n" +
 	"\x11DeleteRuleRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestIdB\x13\n" +
 	"\x11_expected_version\"\x14\n" +
 	"\x12DeleteRuleResponse\"\x16\n" +
 	"\x14ClusterStatusRequest\"\x9e\x01\n" +

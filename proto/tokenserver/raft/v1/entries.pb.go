@@ -56,11 +56,19 @@ type Rule struct {
 	LeaseTtlNs     int64  `protobuf:"varint,17,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
 	// version and generation are set by the FSM when it applies a put; in
 	// an entry they are ignored, in a snapshot they are the stored values.
-	Version       uint64 `protobuf:"varint,18,opt,name=version,proto3" json:"version,omitempty"`
-	Generation    uint64 `protobuf:"varint,19,opt,name=generation,proto3" json:"generation,omitempty"`
-	UpdatedBy     string `protobuf:"bytes,20,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version    uint64 `protobuf:"varint,18,opt,name=version,proto3" json:"version,omitempty"`
+	Generation uint64 `protobuf:"varint,19,opt,name=generation,proto3" json:"generation,omitempty"`
+	UpdatedBy  string `protobuf:"bytes,20,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	// bucket.Calendar's number (tokenserver.v1.Calendar's); 0 is none.
+	Calendar uint32 `protobuf:"varint,21,opt,name=calendar,proto3" json:"calendar,omitempty"`
+	// IANA time zone of calendar windows; "" is UTC.
+	TimeZone string `protobuf:"bytes,22,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	// The inline policy: 0 refuses request limits.
+	InlineMaxLimit    int64 `protobuf:"varint,23,opt,name=inline_max_limit,json=inlineMaxLimit,proto3" json:"inline_max_limit,omitempty"`
+	InlineMaxPeriodNs int64 `protobuf:"varint,24,opt,name=inline_max_period_ns,json=inlineMaxPeriodNs,proto3" json:"inline_max_period_ns,omitempty"`
+	ReservationTtlNs  int64 `protobuf:"varint,25,opt,name=reservation_ttl_ns,json=reservationTtlNs,proto3" json:"reservation_ttl_ns,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Rule) Reset() {
@@ -233,6 +241,41 @@ func (x *Rule) GetUpdatedBy() string {
 	return ""
 }
 
+func (x *Rule) GetCalendar() uint32 {
+	if x != nil {
+		return x.Calendar
+	}
+	return 0
+}
+
+func (x *Rule) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *Rule) GetInlineMaxLimit() int64 {
+	if x != nil {
+		return x.InlineMaxLimit
+	}
+	return 0
+}
+
+func (x *Rule) GetInlineMaxPeriodNs() int64 {
+	if x != nil {
+		return x.InlineMaxPeriodNs
+	}
+	return 0
+}
+
+func (x *Rule) GetReservationTtlNs() int64 {
+	if x != nil {
+		return x.ReservationTtlNs
+	}
+	return 0
+}
+
 // Override gives one key its own limit.
 type Override struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -303,7 +346,13 @@ type PutRule struct {
 	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
 	// The proposing leader's cap on rules (0: none); every replica applies
 	// the cap carried here, whatever its own flags.
-	MaxRules      int64 `protobuf:"varint,3,opt,name=max_rules,json=maxRules,proto3" json:"max_rules,omitempty"`
+	MaxRules int64 `protobuf:"varint,3,opt,name=max_rules,json=maxRules,proto3" json:"max_rules,omitempty"`
+	// The caller's idempotency key (empty: none): a put whose id the FSM
+	// remembers answers the remembered result and changes nothing.
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The proposing leader's cap on the rule table's total bytes, as
+	// rule.Rule.EncodedSize counts them (0: none); applied like max_rules.
+	MaxTableBytes int64 `protobuf:"varint,5,opt,name=max_table_bytes,json=maxTableBytes,proto3" json:"max_table_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,13 +408,29 @@ func (x *PutRule) GetMaxRules() int64 {
 	return 0
 }
 
+func (x *PutRule) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PutRule) GetMaxTableBytes() int64 {
+	if x != nil {
+		return x.MaxTableBytes
+	}
+	return 0
+}
+
 // DeleteRule deletes a rule.
 type DeleteRule struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The caller's idempotency key, as in PutRule.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRule) Reset() {
@@ -410,6 +475,13 @@ func (x *DeleteRule) GetExpectedVersion() uint64 {
 		return *x.ExpectedVersion
 	}
 	return 0
+}
+
+func (x *DeleteRule) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // Member is what the FSM keeps about a member.
@@ -642,7 +714,11 @@ type Snapshot struct {
 	// Envoy domains, sorted by name; absent from older snapshots.
 	EnvoyDomains []*EnvoyDomain `protobuf:"bytes,6,rep,name=envoy_domains,json=envoyDomains,proto3" json:"envoy_domains,omitempty"`
 	// The index of the Envoy domains' last change.
-	EnvoyIndex    uint64 `protobuf:"varint,7,opt,name=envoy_index,json=envoyIndex,proto3" json:"envoy_index,omitempty"`
+	EnvoyIndex uint64 `protobuf:"varint,7,opt,name=envoy_index,json=envoyIndex,proto3" json:"envoy_index,omitempty"`
+	// Runtime overrides, sorted by rule and key.
+	Overrides []*RuntimeOverride `protobuf:"bytes,8,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	// The most recent rule writes that carried a request id, oldest first.
+	Requests      []*RequestRecord `protobuf:"bytes,9,rep,name=requests,proto3" json:"requests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -724,6 +800,20 @@ func (x *Snapshot) GetEnvoyIndex() uint64 {
 		return x.EnvoyIndex
 	}
 	return 0
+}
+
+func (x *Snapshot) GetOverrides() []*RuntimeOverride {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *Snapshot) GetRequests() []*RequestRecord {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
 }
 
 // EnvoyDomain is one domain of envoyproxy/ratelimit configuration as the
@@ -972,11 +1062,306 @@ func (x *SyncEnvoyDomains) GetDomains() []*EnvoyDomain {
 	return nil
 }
 
+// RuntimeOverride is a rule's runtime override of one key or key prefix
+// (a key ending in one `*`).
+type RuntimeOverride struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Limit int64                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Burst int64                  `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	// Unix nanoseconds at which the leader removes it; 0 is never.
+	ExpiresUnixNs int64 `protobuf:"varint,5,opt,name=expires_unix_ns,json=expiresUnixNs,proto3" json:"expires_unix_ns,omitempty"`
+	// version is set by the FSM when it applies a put; in an entry it is
+	// ignored, in a snapshot it is the stored value.
+	Version       uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	UpdatedBy     string `protobuf:"bytes,7,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeOverride) Reset() {
+	*x = RuntimeOverride{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeOverride) ProtoMessage() {}
+
+func (x *RuntimeOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeOverride.ProtoReflect.Descriptor instead.
+func (*RuntimeOverride) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RuntimeOverride) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RuntimeOverride) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RuntimeOverride) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetExpiresUnixNs() int64 {
+	if x != nil {
+		return x.ExpiresUnixNs
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuntimeOverride) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
+}
+
+// PutOverride creates or replaces one runtime override.
+type PutOverride struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Override      *RuntimeOverride       `protobuf:"bytes,1,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutOverride) Reset() {
+	*x = PutOverride{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutOverride) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutOverride) ProtoMessage() {}
+
+func (x *PutOverride) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutOverride.ProtoReflect.Descriptor instead.
+func (*PutOverride) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PutOverride) GetOverride() *RuntimeOverride {
+	if x != nil {
+		return x.Override
+	}
+	return nil
+}
+
+// DeleteOverrides removes runtime overrides of one rule: the keys named,
+// and with expired_before > 0 also every override that expires at or
+// before that Unix time (the leader's periodic cleanup).
+type DeleteOverrides struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Rule                string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Keys                []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	ExpiredBeforeUnixNs int64                  `protobuf:"varint,3,opt,name=expired_before_unix_ns,json=expiredBeforeUnixNs,proto3" json:"expired_before_unix_ns,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *DeleteOverrides) Reset() {
+	*x = DeleteOverrides{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrides) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrides) ProtoMessage() {}
+
+func (x *DeleteOverrides) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrides.ProtoReflect.Descriptor instead.
+func (*DeleteOverrides) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeleteOverrides) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *DeleteOverrides) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *DeleteOverrides) GetExpiredBeforeUnixNs() int64 {
+	if x != nil {
+		return x.ExpiredBeforeUnixNs
+	}
+	return 0
+}
+
+// RequestRecord is the result of a rule write that carried a request id,
+// remembered so that a retry answers it again.
+type RequestRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The index of the entry that carried it.
+	Index uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// For a successful put: the stored rule's version and generation.
+	Version    uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The error kind (internal/raftfsm numbers them; 0: none) and its
+	// message.
+	Error         uint32 `protobuf:"varint,5,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRecord) Reset() {
+	*x = RequestRecord{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRecord) ProtoMessage() {}
+
+func (x *RequestRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
+func (*RequestRecord) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RequestRecord) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetError() uint32 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\n" +
-	"!tokenserver/raft/v1/entries.proto\x12\x13tokenserver.raft.v1\"\xed\x04\n" +
+	"!tokenserver/raft/v1/entries.proto\x12\x13tokenserver.raft.v1\"\xaf\x06\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x14\n" +
@@ -1003,20 +1388,30 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"generation\x18\x13 \x01(\x04R\n" +
 	"generation\x12\x1d\n" +
 	"\n" +
-	"updated_by\x18\x14 \x01(\tR\tupdatedBy\"H\n" +
+	"updated_by\x18\x14 \x01(\tR\tupdatedBy\x12\x1a\n" +
+	"\bcalendar\x18\x15 \x01(\rR\bcalendar\x12\x1b\n" +
+	"\ttime_zone\x18\x16 \x01(\tR\btimeZone\x12(\n" +
+	"\x10inline_max_limit\x18\x17 \x01(\x03R\x0einlineMaxLimit\x12/\n" +
+	"\x14inline_max_period_ns\x18\x18 \x01(\x03R\x11inlineMaxPeriodNs\x12,\n" +
+	"\x12reservation_ttl_ns\x18\x19 \x01(\x03R\x10reservationTtlNs\"H\n" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
-	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\x9a\x01\n" +
+	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xe1\x01\n" +
 	"\aPutRule\x12-\n" +
 	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1b\n" +
-	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRulesB\x13\n" +
-	"\x11_expected_version\"e\n" +
+	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRules\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12&\n" +
+	"\x0fmax_table_bytes\x18\x05 \x01(\x03R\rmaxTableBytesB\x13\n" +
+	"\x11_expected_version\"\x84\x01\n" +
 	"\n" +
 	"DeleteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestIdB\x13\n" +
 	"\x11_expected_version\"\x89\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
@@ -1029,7 +1424,7 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\aSetView\x12\x12\n" +
 	"\x04live\x18\x01 \x03(\tR\x04live\"?\n" +
 	"\fRestoreRules\x12/\n" +
-	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xa3\x02\n" +
+	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xa7\x03\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
@@ -1039,7 +1434,9 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"view_epoch\x18\x05 \x01(\x04R\tviewEpoch\x12E\n" +
 	"\renvoy_domains\x18\x06 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\fenvoyDomains\x12\x1f\n" +
 	"\venvoy_index\x18\a \x01(\x04R\n" +
-	"envoyIndex\"\x7f\n" +
+	"envoyIndex\x12B\n" +
+	"\toverrides\x18\b \x03(\v2$.tokenserver.raft.v1.RuntimeOverrideR\toverrides\x12>\n" +
+	"\brequests\x18\t \x03(\v2\".tokenserver.raft.v1.RequestRecordR\brequests\"\x7f\n" +
 	"\vEnvoyDomain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04yaml\x18\x02 \x01(\tR\x04yaml\x12\x18\n" +
@@ -1056,7 +1453,31 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\x11_expected_version\"f\n" +
 	"\x10SyncEnvoyDomains\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12:\n" +
-	"\adomains\x18\x02 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\adomainsBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
+	"\adomains\x18\x02 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\adomains\"\xc4\x01\n" +
+	"\x0fRuntimeOverride\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12&\n" +
+	"\x0fexpires_unix_ns\x18\x05 \x01(\x03R\rexpiresUnixNs\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x04R\aversion\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\a \x01(\tR\tupdatedBy\"O\n" +
+	"\vPutOverride\x12@\n" +
+	"\boverride\x18\x01 \x01(\v2$.tokenserver.raft.v1.RuntimeOverrideR\boverride\"n\n" +
+	"\x0fDeleteOverrides\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x123\n" +
+	"\x16expired_before_unix_ns\x18\x03 \x01(\x03R\x13expiredBeforeUnixNs\"\xaa\x01\n" +
+	"\rRequestRecord\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\rR\x05error\x12#\n" +
+	"\rerror_message\x18\x06 \x01(\tR\ferrorMessageBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
 
 var (
 	file_tokenserver_raft_v1_entries_proto_rawDescOnce sync.Once
@@ -1070,7 +1491,7 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*Rule)(nil),              // 0: tokenserver.raft.v1.Rule
 	(*Override)(nil),          // 1: tokenserver.raft.v1.Override
@@ -1085,22 +1506,29 @@ var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*PutEnvoyDomain)(nil),    // 10: tokenserver.raft.v1.PutEnvoyDomain
 	(*DeleteEnvoyDomain)(nil), // 11: tokenserver.raft.v1.DeleteEnvoyDomain
 	(*SyncEnvoyDomains)(nil),  // 12: tokenserver.raft.v1.SyncEnvoyDomains
+	(*RuntimeOverride)(nil),   // 13: tokenserver.raft.v1.RuntimeOverride
+	(*PutOverride)(nil),       // 14: tokenserver.raft.v1.PutOverride
+	(*DeleteOverrides)(nil),   // 15: tokenserver.raft.v1.DeleteOverrides
+	(*RequestRecord)(nil),     // 16: tokenserver.raft.v1.RequestRecord
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
-	1, // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
-	0, // 1: tokenserver.raft.v1.PutRule.rule:type_name -> tokenserver.raft.v1.Rule
-	4, // 2: tokenserver.raft.v1.MemberChange.member:type_name -> tokenserver.raft.v1.Member
-	0, // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
-	0, // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
-	4, // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
-	9, // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
-	9, // 7: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
-	9, // 8: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	1,  // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
+	0,  // 1: tokenserver.raft.v1.PutRule.rule:type_name -> tokenserver.raft.v1.Rule
+	4,  // 2: tokenserver.raft.v1.MemberChange.member:type_name -> tokenserver.raft.v1.Member
+	0,  // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
+	0,  // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
+	4,  // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
+	9,  // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	13, // 7: tokenserver.raft.v1.Snapshot.overrides:type_name -> tokenserver.raft.v1.RuntimeOverride
+	16, // 8: tokenserver.raft.v1.Snapshot.requests:type_name -> tokenserver.raft.v1.RequestRecord
+	9,  // 9: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
+	9,  // 10: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	13, // 11: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -1118,7 +1546,7 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

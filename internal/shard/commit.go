@@ -1,0 +1,127 @@
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// Errors of Commit. Each is wrapped with context; test with errors.Is.
+var (
+	// ErrGrantNotFound means the grant id was not minted by this node for
+	// this rule generation and key: unknown, of another key or rule, or
+	// of a rule deleted since. Nothing changed.
+	ErrGrantNotFound = errors.New("grant not found")
+	// ErrGrantExpired means the grant's reservation TTL has passed: it
+	// stays charged at its estimate, and nothing changed.
+	ErrGrantExpired = errors.New("grant expired")
+)
+
+// CommitResult is the answer to Commit.
+type CommitResult struct {
+	bucket.CommitResult
+	// Settled is false when the grant had been committed or refilled
+	// before: a retried commit, which changed nothing.
+	Settled bool
+}
+
+// Commit settles the reservation named by grantID at used permits (see
+// bucket.Bucket.Commit): less than reserved gives the difference back,
+// more charges the extra even past zero (debt). A grant is settled at
+// most once, by a commit or a refill (the refill record is shared): a
+// retried commit changes nothing and answers the current state with
+// Settled false. Errors change nothing: rule.ErrInvalid for used < 0, a
+// malformed id or an algorithm without commits (bucket.ErrNoCommit);
+// ErrGrantNotFound for a grant of another node, rule or key;
+// ErrGrantExpired once the rule's reservation window (Rule.ReservationTTL,
+// by default the window) has passed since the grant; ErrBucketCap when the
+// key's bucket had been evicted and cannot be made again, or its record
+// of settled grants is full.
+func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int64) (CommitResult, error) {
+	if used < 0 {
+		return CommitResult{}, rule.Invalid("used must be >= 0, got %d", used)
+	}
+	g, err := parseGrant(grantID)
+	if err != nil {
+		return CommitResult{}, err
+	}
+	if c, err = current(c); err != nil {
+		return CommitResult{}, err
+	}
+	cfg := c.ConfigFor(key)
+	if !bucket.OffersCommit(cfg.Algorithm) {
+		return CommitResult{}, rule.Invalid("rule %q is %s, which takes no commit: %v", c.Rule.Name, cfg.Algorithm, bucket.ErrNoCommit)
+	}
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], c.Rule.Name, key)
+	if !m.keys.Open(&g, bk, c.Rule.Generation) {
+		return CommitResult{}, fmt.Errorf("grant %q is not a grant of rule %q and key %q on this node (or the rule was recreated since): %w", grantID, c.Rule.Name, key, ErrGrantNotFound)
+	}
+	window := c.Rule.ReservationWindow(cfg)
+	if now >= addSat(g.IssuedAt, window) {
+		return CommitResult{}, fmt.Errorf("grant %q was made %v ago, past the reservation TTL %v of rule %q: it stays charged at its estimate of %d, nothing changed: %w",
+			grantID, time.Duration(now-g.IssuedAt), time.Duration(window), c.Rule.Name, g.Permits, ErrGrantExpired)
+	}
+	overrun := max(0, used-g.Permits)
+	sh, h := m.shardOf(bk)
+	var e *entry
+	if overrun == 0 {
+		if e = m.lookup(sh, h, bk); e == nil {
+			// Evicted: back at its initial state, nothing to give back
+			// and nothing to charge.
+			r, _ := bucket.New(cfg, now).Debit(cfg, now, 0)
+			return CommitResult{CommitResult: r, Settled: true}, nil
+		}
+	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+		return CommitResult{}, err
+	}
+	defer e.mu.Unlock()
+	if c, err = m.resolve(e, c, key, now); err != nil {
+		return CommitResult{}, err
+	}
+	if e.rule.Rule.Generation != c.Rule.Generation {
+		return CommitResult{}, fmt.Errorf("grant %q is of an earlier generation of rule %q: %w", grantID, c.Rule.Name, ErrGrantNotFound)
+	}
+	cfg = c.ConfigFor(key)
+	m.follow(e, cfg, now)
+	if e.refilled.has(g.Nonce) {
+		r, _ := e.b.Debit(cfg, now, 0)
+		return CommitResult{CommitResult: r}, nil
+	}
+	before := e.refilled.bytes()
+	full := m.budget > 0 && m.used.Load() >= m.budget
+	if !e.refillOnce(g.Nonce, g.IssuedAt, max(window, validity(cfg)), now, !full) {
+		m.charge(c, e.refilled.bytes()-before)
+		return CommitResult{}, fmt.Errorf("key %q of rule %q holds too many settled grants to record another: %w", key, c.Rule.Name, ErrBucketCap)
+	}
+	m.charge(c, e.refilled.bytes()-before)
+	var r bucket.CommitResult
+	if g.Nonce < e.first {
+		// The grant belongs to an earlier bucket of the key, evicted since
+		// (back at its initial state): nothing of it is here to give
+		// back, but an overrun is charged all the same.
+		r, err = e.b.Debit(cfg, now, overrun)
+	} else {
+		r, err = e.b.Commit(cfg, now, bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}, used)
+	}
+	if err != nil {
+		return CommitResult{}, rule.Invalid("commit: %v", err)
+	}
+	return CommitResult{CommitResult: r, Settled: true}, nil
+}
+
+// has reports whether nonce is in the record.
+func (l *refillLog) has(nonce uint64) bool {
+	if l == nil {
+		return false
+	}
+	for _, n := range l.nonces {
+		if n == nonce {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,62 @@
+//go:build multiprocess
+
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestIssue20Item23_RemoveTheLeader removes the leader with tokenctl: the
+// command succeeds at once, the removed node reports not ready, and the
+// node restarted on its old data dir says it was removed and exits
+// non-zero.
+func TestIssue20Item23_RemoveTheLeader(t *testing.T) {
+	c := newProcCluster(t, 3)
+	l := c.leader("")
+	if l == "" {
+		t.Fatal("no leader")
+	}
+	start := time.Now()
+	out, errs, code := ctl(t, c.grpc[l], "cluster", "remove", l, "--timeout", "20s")
+	took := time.Since(start)
+	if code != 0 {
+		t.Fatalf("cluster remove %s: exit %d\n%s\n%s", l, code, out, errs)
+	}
+	if took > 5*time.Second {
+		t.Errorf("cluster remove of the leader took %v", took)
+	}
+	p := c.procs[l]
+	c.waitFor("the removed node reports not ready", 10*time.Second, func() bool {
+		resp, err := http.Get("http://" + p.httpAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode != http.StatusOK
+	})
+	c.waitFor("a view of the two others", 20*time.Second, func() bool {
+		other := c.leader(l)
+		if other == "" {
+			return false
+		}
+		st, err := c.status(other)
+		return err == nil && len(st.GetMembers()) == 2
+	})
+	c.kill(l)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin(t, "tokenserver"), c.args[l]...)
+	b, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
+		t.Fatalf("restart of the removed node: %v, want a non-zero exit\n%s", err, b)
+	}
+	if !strings.Contains(string(b), "this node was removed; start with a fresh --data-dir and --join") {
+		t.Fatalf("restart of the removed node does not say why:\n%s", b)
+	}
+}
