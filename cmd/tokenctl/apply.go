@@ -86,8 +86,10 @@ order, and one line per rule shows its name and new version.`,
 			stored := make([]*pb.Rule, 0, len(rules))
 			for _, r := range rules {
 				var resp *pb.PutRuleResponse
+				// One request id per write, the same across its retries.
+				req := &pb.PutRuleRequest{Rule: r, RequestId: newRequestID()}
 				err := a.call(ctx, fmt.Sprintf("put rule %q", r.GetName()), func(ctx context.Context) (err error) {
-					resp, err = admin.PutRule(ctx, &pb.PutRuleRequest{Rule: r})
+					resp, err = admin.PutRule(ctx, req)
 					return err
 				})
 				if err != nil {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"fmt"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,7 +15,10 @@ import (
 )
 
 // An UNAVAILABLE answer to a rule write does not prove that the write
-// failed: the leader may have committed it and lost the answer. gRPC
+// failed: the leader may have committed it and lost the answer. Every
+// rule write carries a request id (newRequestID), so that a cluster that
+// remembers it answers the retry with the first result. For a cluster
+// that does not (an older release, or an id it has forgotten): gRPC
 // retries the write (serviceConfig), and the retry of a compare-and-set
 // put whose first attempt committed answers FAILED_PRECONDITION (its
 // expected_version is stale by its own write); the retry of a delete
@@ -82,4 +87,20 @@ func sameRule(stored, asked *pb.Rule) bool {
 		return c
 	}
 	return proto.Equal(rest(stored), rest(asked))
+}
+
+// newRequestID returns a fresh idempotency key for one rule write: a
+// random UUID (version 4) in its usual text form, which logs and audit
+// lines make easy to read. The write's message carries it, so gRPC's
+// retries of the write (serviceConfig) send the same id and the cluster
+// answers a retry of a write it already applied with the first result.
+// Hand-written: 16 random bytes do not need a dependency.
+func newRequestID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // never fails on supported platforms
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -116,5 +117,74 @@ func TestRetriedWriteCommittedByLostAttempt(t *testing.T) {
 				t.Errorf("%d attempts, want the Unavailable one retried", stub.attempts)
 			}
 		})
+	}
+}
+
+// idAdmin answers the first attempt of every write Unavailable and
+// records the request id of each attempt, in order.
+type idAdmin struct {
+	pb.UnimplementedAdminServiceServer
+	mu   sync.Mutex
+	seen map[string]int // request id → attempts
+	ids  []string       // in order of first sight
+}
+
+func (s *idAdmin) attempt(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen[id] == 0 {
+		s.ids = append(s.ids, id)
+	}
+	s.seen[id]++
+	if s.seen[id] == 1 {
+		return status.Error(codes.Unavailable, "leadership lost while committing")
+	}
+	return nil
+}
+
+func (s *idAdmin) PutRule(_ context.Context, req *pb.PutRuleRequest) (*pb.PutRuleResponse, error) {
+	if err := s.attempt(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	return &pb.PutRuleResponse{Rule: req.GetRule()}, nil
+}
+
+func (s *idAdmin) DeleteRule(_ context.Context, req *pb.DeleteRuleRequest) (*pb.DeleteRuleResponse, error) {
+	if err := s.attempt(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	return &pb.DeleteRuleResponse{}, nil
+}
+
+// TestRuleWritesSendRequestID: rule put, rule apply (each rule) and rule
+// delete send a random UUID-form request id, the same on every retry of
+// one write and different between writes.
+func TestRuleWritesSendRequestID(t *testing.T) {
+	stub := &idAdmin{seen: map[string]int{}}
+	srv := grpc.NewServer()
+	pb.RegisterAdminServiceServer(srv, stub)
+	addr := serveWith(t, srv)
+	rules := writeFile(t, "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n---\nname: b\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n")
+	for _, args := range [][]string{
+		{"rule", "put", "api", "--algorithm", "token-bucket", "--limit", "1", "--period", "1s"},
+		{"rule", "put", "api", "--algorithm", "token-bucket", "--limit", "1", "--period", "1s", "--expected-version", "3"},
+		{"rule", "apply", "-f", rules},
+		{"rule", "delete", "api"},
+	} {
+		if r := tokenctl(t, "", append([]string{"--server", addr, "--timeout", "5s"}, args...)...); r.err != nil {
+			t.Fatalf("%v: %v", args, r.err)
+		}
+	}
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	if len(stub.ids) != 5 {
+		t.Fatalf("%d distinct request ids, want 5 (2 puts, 2 applied rules, 1 delete): %v", len(stub.ids), stub.ids)
+	}
+	for _, id := range stub.ids {
+		if !uuid.MatchString(id) {
+			t.Errorf("request id %q is not a version-4 UUID", id)
+		}
+		if n := stub.seen[id]; n != 2 {
+			t.Errorf("request id %s seen on %d attempts, want 2 (the retry keeps the id)", id, n)
+		}
 	}
 }

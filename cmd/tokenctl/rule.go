@@ -64,7 +64,7 @@ leases held at once and --period their lifetime. --burst defaults to the limit.`
 			if err != nil {
 				return err
 			}
-			req := &pb.PutRuleRequest{Rule: r}
+			req := &pb.PutRuleRequest{Rule: r, RequestId: newRequestID()}
 			if cmd.Flags().Changed("expected-version") {
 				req.ExpectedVersion = &f.expectedVersion
 			}
@@ -258,7 +258,7 @@ func newRuleDeleteCmd(a *app) *cobra.Command {
 		Short: "Delete a rule and drop its buckets",
 		Args:  argNames("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &pb.DeleteRuleRequest{Name: args[0]}
+			req := &pb.DeleteRuleRequest{Name: args[0], RequestId: newRequestID()}
 			if cmd.Flags().Changed("expected-version") {
 				req.ExpectedVersion = &expected
 			}
