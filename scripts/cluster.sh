@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Start or stop a 3-node tokenserver cluster on 127.0.0.1 for trying things
 # by hand: `make cluster`, `make cluster-stop`. State and logs go to
-# .cluster/; nodes are stopped by the PIDs recorded there.
+# .cluster/ (CLUSTER_DIR); nodes are stopped by the PIDs recorded there:
+# SIGTERM, then up to CLUSTER_STOP_GRACE seconds (default 15: a node's
+# --shutdown-grace is 5s) for them to exit, then SIGKILL for any left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=.cluster
+dir=${CLUSTER_DIR:-.cluster}
+grace=${CLUSTER_STOP_GRACE:-15}
 bin=bin/tokenserver
 peers="n0=127.0.0.1:7071,n1=127.0.0.1:7081,n2=127.0.0.1:7091"
 
@@ -30,12 +33,25 @@ start)
   echo "cluster not ready after 20s; see $dir/*.log" >&2; exit 1
   ;;
 stop)
+  pids=()
+  names=()
   for i in 0 1 2; do
     if [ -f "$dir/n$i.pid" ]; then
       pid=$(cat "$dir/n$i.pid")
-      kill "$pid" 2>/dev/null && echo "stopped n$i (pid $pid)" || true
+      if kill "$pid" 2>/dev/null; then pids+=("$pid"); names+=("n$i"); fi
       rm -f "$dir/n$i.pid"
     fi
+  done
+  # The nodes are not our children: poll until they are gone.
+  deadline=$((SECONDS + grace))
+  for k in "${!pids[@]}"; do
+    while kill -0 "${pids[$k]}" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+    if kill -0 "${pids[$k]}" 2>/dev/null; then
+      echo "${names[$k]} (pid ${pids[$k]}) still runs ${grace}s after SIGTERM: sending SIGKILL" >&2
+      kill -KILL "${pids[$k]}" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "${pids[$k]}" 2>/dev/null || break; sleep 0.1; done
+    fi
+    echo "stopped ${names[$k]} (pid ${pids[$k]})"
   done
   ;;
 *)

@@ -19,18 +19,18 @@ type acquireResult struct {
 	Calls        int64  `json:"calls"`
 	Allowed      int64  `json:"allowed"`
 	Denied       int64  `json:"denied"`
-	ShadowDenied int64  `json:"shadow_denied,omitempty"`
+	ShadowDenied int64  `json:"shadowDenied"`
 	Granted      int64  `json:"granted"`
 	Remaining    int64  `json:"remaining"`
-	RetryAfter   string `json:"retry_after"`
-	RetryAfterNs int64  `json:"retry_after_ns"`
-	ResetAfterNs int64  `json:"reset_after_ns"`
-	WaitBeforeNs int64  `json:"wait_before_ns"`
-	LastGrantID  string `json:"last_grant_id"`
-	LastReason   string `json:"last_reason"`
-	RuleVersion  uint64 `json:"rule_version"`
+	RetryAfter   string `json:"retryAfter"`
+	RetryAfterNs int64  `json:"retryAfterNs"`
+	ResetAfterNs int64  `json:"resetAfterNs"`
+	WaitBeforeNs int64  `json:"waitBeforeNs"`
+	LastGrantID  string `json:"lastGrantId"`
+	LastReason   string `json:"lastReason"`
+	RuleVersion  uint64 `json:"ruleVersion"`
 	Epoch        uint64 `json:"epoch"`
-	ElapsedNs    int64  `json:"elapsed_ns"`
+	ElapsedNs    int64  `json:"elapsedNs"`
 }
 
 func newAcquireCmd(a *app) *cobra.Command {
@@ -110,8 +110,8 @@ result: the exit code is 0. With --duration the deadline is --duration plus
 				res.add(resp)
 			}
 			res.ElapsedNs = int64(time.Since(start))
-			if a.json() {
-				return writeJSON(a.stdout, res)
+			if a.structured() {
+				return a.write(res)
 			}
 			return res.writeTable(a.stdout)
 		},
@@ -190,9 +190,12 @@ func newRefillCmd(a *app) *cobra.Command {
 		Long: `Give back --permits unused tokens of the grant --grant (all of them by
 default), or end a concurrency lease. The server clamps what goes back: never
 more than the grant took nor above capacity, and nothing once the grant's
-window or lease has passed. A grant is refilled at most once.`,
-		Example: `  tokenctl refill api alice --grant 0123456789abcdef
-  tokenctl refill api alice --grant 0123456789abcdef --permits 2`,
+window or lease has passed. A grant is refilled at most once.
+
+When fewer tokens go back than asked, "why" says what that can mean (the
+server does not name the cause).`,
+		Example: `  tokenctl refill api alice --grant Al8cCpOyfk0WOpwOL3G4TQUAAAAAAAAAAcR9IemgO29Y
+  tokenctl refill api alice --grant Al8cCpOyfk0WOpwOL3G4TQUAAAAAAAAAAcR9IemgO29Y --permits 2`,
 		Args: argNames("RULE", "KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireFlags(cmd, "grant"); err != nil {
@@ -220,20 +223,51 @@ window or lease has passed. A grant is refilled at most once.`,
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]any{
-					"rule": args[0], "key": args[1], "grant_id": grant,
-					"refilled": resp.GetRefilled(), "remaining": resp.GetRemaining(), "rule_version": resp.GetRuleVersion(),
-				})
+			res := refillResult{Rule: args[0], Key: args[1], GrantID: grant, Refilled: resp.GetRefilled(),
+				Remaining: resp.GetRemaining(), RuleVersion: resp.GetRuleVersion()}
+			res.Reason = refillReason(resp.GetRefilled(), req.Permits)
+			if a.structured() {
+				return a.write(res)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "refilled:\t%d\nremaining:\t%d\n", resp.GetRefilled(), resp.GetRemaining())
+			fmt.Fprintf(tw, "refilled:\t%d\nremaining:\t%d\n", res.Refilled, res.Remaining)
+			if res.Reason != "" {
+				fmt.Fprintf(tw, "why:\t%s\n", res.Reason)
+			}
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().StringVar(&grant, "grant", "", "the grant id that acquire printed (required)")
 	cmd.Flags().Int64Var(&permits, "permits", 0, "tokens to give back (default: all the grant took)")
 	return cmd
+}
+
+// refillResult is what refill prints.
+type refillResult struct {
+	Rule        string `json:"rule"`
+	Key         string `json:"key"`
+	GrantID     string `json:"grantId"`
+	Refilled    int64  `json:"refilled"`
+	Remaining   int64  `json:"remaining"`
+	RuleVersion uint64 `json:"ruleVersion"`
+	// Reason says why fewer tokens than asked went back; empty when all
+	// did.
+	Reason string `json:"reason"`
+}
+
+// refillReason explains a refill that gave back fewer tokens than asked
+// (asked nil: all the grant took). RefillTokenResponse carries no reason,
+// so a 0 lists what the server's rules allow it to mean.
+func refillReason(refilled int64, asked *int64) string {
+	switch {
+	case refilled == 0:
+		return "nothing went back: the grant was already refilled (a grant is refilled at most once), " +
+			"the grant id is unknown to this rule and key, the grant's window or lease has passed, " +
+			"or the bucket was already full (a refill is clamped to capacity); the server does not say which"
+	case asked != nil && refilled < *asked:
+		return fmt.Sprintf("clamped from %d: never more than the grant took nor above the bucket's capacity", *asked)
+	}
+	return ""
 }
 
 func newLeaseCmd(a *app) *cobra.Command {
@@ -247,7 +281,7 @@ func newLeaseCmd(a *app) *cobra.Command {
 	renew := &cobra.Command{
 		Use:     "renew RULE KEY --grant ID",
 		Short:   "Extend a concurrency lease by the rule's period",
-		Example: `  tokenctl lease renew jobs worker-1 --grant 0123456789abcdef`,
+		Example: `  tokenctl lease renew jobs worker-1 --grant Al8cCpOyfk0WOpwOL3G4TQUAAAAAAAAAAcR9IemgO29Y`,
 		Args:    argNames("RULE", "KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireFlags(cmd, "grant"); err != nil {
@@ -268,8 +302,8 @@ func newLeaseCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]any{"renewed": resp.GetRenewed(), "expires_after_ns": resp.GetExpiresAfterNs()})
+			if a.structured() {
+				return a.write(resp)
 			}
 			if !resp.GetRenewed() {
 				_, err = fmt.Fprintln(a.stdout, "renewed: false (the lease had expired or was released)")

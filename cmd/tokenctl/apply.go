@@ -86,14 +86,16 @@ order, and one line per rule shows its name and new version.`,
 			stored := make([]*pb.Rule, 0, len(rules))
 			for _, r := range rules {
 				var resp *pb.PutRuleResponse
+				// One request id per write, the same across its retries.
+				req := &pb.PutRuleRequest{Rule: r, RequestId: newRequestID()}
 				err := a.call(ctx, fmt.Sprintf("put rule %q", r.GetName()), func(ctx context.Context) (err error) {
-					resp, err = admin.PutRule(ctx, &pb.PutRuleRequest{Rule: r})
+					resp, err = admin.PutRule(ctx, req)
 					return err
 				})
 				if err != nil {
 					if len(stored) > 0 {
 						a.logf("applied %d of %d rules before the error", len(stored), len(rules))
-						if !a.json() {
+						if !a.structured() {
 							_ = writeApplied(a.stdout, stored)
 						}
 					}
@@ -101,8 +103,8 @@ order, and one line per rule shows its name and new version.`,
 				}
 				stored = append(stored, resp.GetRule())
 			}
-			if a.json() {
-				return writeRulesJSON(a.stdout, stored)
+			if a.structured() {
+				return a.writeRules(stored)
 			}
 			return writeApplied(a.stdout, stored)
 		},

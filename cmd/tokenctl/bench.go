@@ -62,8 +62,8 @@ Calls are not retried: failures count as errors.`,
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				if err := writeJSONLine(a.stdout, res); err != nil {
+			if a.structured() {
+				if err := a.writeLine(res); err != nil {
 					return err
 				}
 			} else if err := res.WriteTable(a.stdout); err != nil {
@@ -100,13 +100,14 @@ func (a *app) bench(cmd *cobra.Command, o loadgen.Options) (*loadgen.Result, err
 	// The load's connections do not wait or retry: a failed call counts
 	// as an error.
 	conns := make([]*grpc.ClientConn, o.Conns)
+	probes := make([]*connProbe, o.Conns)
 	for i := range conns {
-		c, err := a.dialDirect()
+		c, probe, err := a.dialDirect()
 		if err != nil {
 			return nil, err
 		}
 		defer c.Close()
-		conns[i] = c
+		conns[i], probes[i] = c, probe
 	}
 	setup, cancel := a.context(cmd, 0)
 	defer cancel()
@@ -129,11 +130,15 @@ func (a *app) bench(cmd *cobra.Command, o loadgen.Options) (*loadgen.Result, err
 	// server up to --timeout.
 	for i, c := range conns {
 		err := a.call(setup, fmt.Sprintf("bench: connect %d", i+1), func(ctx context.Context) error {
+			ctx, cancel := context.WithCancelCause(ctx)
+			defer cancel(nil)
+			stop := a.watchConn(ctx, c, probes[i], cancel)
 			_, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+			stop()
 			if o.Mode != loadgen.ModeBare && status.Code(err) == codes.Unimplemented {
 				return nil
 			}
-			return a.unreachable(c, nil, err)
+			return a.unreachable(ctx, c, nil, err)
 		})
 		if err != nil {
 			return nil, err
@@ -221,8 +226,8 @@ listens on to stdout and serves until interrupted or --duration passes.`,
 			healthpb.RegisterHealthServer(s, hs)
 			served := make(chan error, 1)
 			go func() { served <- s.Serve(lis) }()
-			if a.json() {
-				err = writeJSONLine(a.stdout, map[string]string{"addr": lis.Addr().String()})
+			if a.structured() {
+				err = a.writeLine(map[string]string{"addr": lis.Addr().String()})
 			} else {
 				_, err = fmt.Fprintln(a.stdout, lis.Addr().String())
 			}

@@ -29,8 +29,8 @@ func newClusterCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, statusJSON(resp))
+			if a.structured() {
+				return a.write(resp)
 			}
 			leader := resp.GetLeader()
 			if leader == "" {
@@ -124,8 +124,8 @@ func (a *app) simpleAdmin(cmd *cobra.Command, what, done string, f func(context.
 	}); err != nil {
 		return err
 	}
-	if a.json() {
-		return writeJSON(a.stdout, map[string]any{"ok": true, "message": done})
+	if a.structured() {
+		return a.write(map[string]any{"ok": true, "message": done})
 	}
 	_, err := fmt.Fprintln(a.stdout, done)
 	return err
@@ -147,42 +147,4 @@ func adminRPC[T any](a *app, cmd *cobra.Command, what string, f func(context.Con
 		return err
 	})
 	return out, err
-}
-
-// clusterStatusJSON is `cluster status -o json`: snake_case names and plain
-// numbers, every field present (false and 0 included), for scripts.
-type clusterStatusJSON struct {
-	Leader     string             `json:"leader"`
-	Epoch      uint64             `json:"epoch"`
-	AnsweredBy string             `json:"answered_by"`
-	Members    []memberStatusJSON `json:"members"`
-}
-
-type memberStatusJSON struct {
-	ID       string `json:"id"`
-	GRPCAddr string `json:"grpc_addr"`
-	RaftAddr string `json:"raft_addr"`
-	Role     string `json:"role"`
-	Voter    bool   `json:"voter"`
-	Suffrage string `json:"suffrage"`
-	Live     bool   `json:"live"`
-	Ready    bool   `json:"ready"`
-	Healthy  bool   `json:"healthy"`
-	// HealthForSeconds is how long the leader has seen Healthy hold.
-	HealthForSeconds float64 `json:"health_for_seconds"`
-	Stabilization    string  `json:"stabilization"`
-	Term             uint64  `json:"term"`
-	CommitIndex      uint64  `json:"commit_index"`
-	AppliedIndex     uint64  `json:"applied_index"`
-}
-
-func statusJSON(r *pb.ClusterStatusResponse) clusterStatusJSON {
-	out := clusterStatusJSON{Leader: r.GetLeader(), Epoch: r.GetEpoch(), AnsweredBy: r.GetAnsweredBy(), Members: []memberStatusJSON{}}
-	for _, m := range r.GetMembers() {
-		out.Members = append(out.Members, memberStatusJSON{ID: m.GetId(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(), Role: m.GetRole(),
-			Voter: m.GetVoter(), Suffrage: m.GetSuffrage(), Live: m.GetLive(), Ready: m.GetReady(), Healthy: m.GetHealthy(),
-			HealthForSeconds: m.GetHealthFor().AsDuration().Seconds(), Stabilization: m.GetStabilization(),
-			Term: m.GetTerm(), CommitIndex: m.GetCommitIndex(), AppliedIndex: m.GetAppliedIndex()})
-	}
-	return out
 }

@@ -47,11 +47,11 @@ func newEnvoyApplyCmd(a *app) *cobra.Command {
 					return err
 				}
 				out = append(out, resp.GetDomain())
-				if !a.json() {
+				if !a.structured() {
 					fmt.Fprintf(a.stdout, "envoy domain %q applied (version %d)\n", resp.GetDomain().GetDomain(), resp.GetDomain().GetVersion())
 				}
 			}
-			if a.json() {
+			if a.structured() {
 				return writeEnvoyDomainsJSON(a, out)
 			}
 			return nil
@@ -74,12 +74,8 @@ func newEnvoyGetCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				raw, err := protoJSON(d)
-				if err != nil {
-					return err
-				}
-				return writeJSON(a.stdout, raw)
+			if a.structured() {
+				return a.write(d)
 			}
 			fmt.Fprintf(a.stdout, "# domain %s, version %d, by %s, from %s\n%s", d.GetDomain(), d.GetVersion(), d.GetAuthor(), d.GetSource(), d.GetYaml())
 			return nil
@@ -94,7 +90,7 @@ func newEnvoyListCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the domains with their version, author and source",
-		Long:  "List the domains, sorted by name. With -o json: an object whose \"domains\" is the list.",
+		Long:  "List the domains, sorted by name. With -o json or -o yaml: an object whose \"domains\" is the list.",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			resp, err := adminRPC(a, cmd, "list envoy domains", func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListEnvoyDomainsResponse, error) {
@@ -103,7 +99,7 @@ func newEnvoyListCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json() {
+			if a.structured() {
 				return writeEnvoyDomainsJSON(a, resp.GetDomains())
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
@@ -135,8 +131,8 @@ func newEnvoyDeleteCmd(a *app) *cobra.Command {
 			}); err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]string{"deleted": args[0]})
+			if a.structured() {
+				return a.write(map[string]string{"deleted": args[0]})
 			}
 			fmt.Fprintf(a.stdout, "envoy domain %q deleted\n", args[0])
 			return nil
@@ -155,5 +151,5 @@ func writeEnvoyDomainsJSON(a *app, ds []*pb.EnvoyDomain) error {
 		}
 		list[i] = raw
 	}
-	return writeJSON(a.stdout, map[string]any{"domains": list})
+	return a.write(map[string]any{"domains": list})
 }

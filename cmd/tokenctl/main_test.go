@@ -80,10 +80,10 @@ type result struct {
 // tokenctl runs the command tree in-process with args and stdin.
 func tokenctl(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
-	return tokenctlCtx(t, context.Background(), stdin, args...)
+	return tokenctlCtx(context.Background(), t, stdin, args...)
 }
 
-func tokenctlCtx(t *testing.T, ctx context.Context, stdin string, args ...string) result {
+func tokenctlCtx(ctx context.Context, t *testing.T, stdin string, args ...string) result {
 	t.Helper()
 	var out, errb syncBuffer
 	root := newRootCmd(&out, &errb)
@@ -334,9 +334,9 @@ type acquireJSON struct {
 	Denied      int64  `json:"denied"`
 	Granted     int64  `json:"granted"`
 	Remaining   int64  `json:"remaining"`
-	RetryAfter  string `json:"retry_after"`
-	LastGrantID string `json:"last_grant_id"`
-	RuleVersion uint64 `json:"rule_version"`
+	RetryAfter  string `json:"retryAfter"`
+	LastGrantID string `json:"lastGrantId"`
+	RuleVersion uint64 `json:"ruleVersion"`
 }
 
 func TestAcquire(t *testing.T) {
@@ -473,7 +473,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"rule", "list"}, 0, ""},
 		{[]string{"rule", "get", "nope"}, 1, "tokenctl: get rule \"nope\": NotFound"},
 		{[]string{"rule", "put", "x", "--algorithm", "token-bucket", "--limit", "1", "--period", "1s", "--override", "k"}, 2, "tokenctl: --override"},
-		{[]string{"-o", "yaml", "rule", "list"}, 2, "-o/--output"},
+		{[]string{"-o", "xml", "rule", "list"}, 2, "-o/--output"},
 		{[]string{"rule", "bogus"}, 2, "unknown command"},
 		{[]string{"rul"}, 2, "did you mean rule"},
 	} {
@@ -488,12 +488,12 @@ func TestExitCodes(t *testing.T) {
 // benchJSON is the JSON line bench prints.
 type benchJSON struct {
 	Mode            string  `json:"mode"`
-	DecisionsPerSec float64 `json:"decisions_per_sec"`
-	RPCsPerSec      float64 `json:"rpcs_per_sec"`
-	P50Ms           float64 `json:"p50_ms"`
-	P90Ms           float64 `json:"p90_ms"`
-	P99Ms           float64 `json:"p99_ms"`
-	P999Ms          float64 `json:"p999_ms"`
+	DecisionsPerSec float64 `json:"decisionsPerSec"`
+	RPCsPerSec      float64 `json:"rpcsPerSec"`
+	P50Ms           float64 `json:"p50Ms"`
+	P90Ms           float64 `json:"p90Ms"`
+	P99Ms           float64 `json:"p99Ms"`
+	P999Ms          float64 `json:"p999Ms"`
 	Allowed         int64   `json:"allowed"`
 	Denied          int64   `json:"denied"`
 	Errors          int64   `json:"errors"`
@@ -599,7 +599,7 @@ func TestNodeStatus(t *testing.T) {
 	}
 	var v map[string]any
 	decode(t, ok(t, addr, "node", "status", "-o", "json"), &v)
-	for _, k := range []string{"id", "role", "term", "commit_index", "applied_index", "last_index", "leader", "epoch", "ready", "draining", "insecure", "rules", "rules_digest", "version"} {
+	for _, k := range []string{"id", "role", "term", "commitIndex", "appliedIndex", "lastIndex", "leader", "epoch", "ready", "draining", "insecure", "rules", "rulesDigest", "version"} {
 		if _, ok := v[k]; !ok {
 			t.Errorf("node status -o json lacks %q: %v", k, v)
 		}

@@ -34,10 +34,8 @@ func newNodeCmd(a *app) *cobra.Command {
 			if ns.GetInsecure() {
 				a.logf("warning: node %s serves without TLS or authentication off loopback (--insecure)", ns.GetId())
 			}
-			if a.json() {
-				return writeJSON(a.stdout, nodeStatusJSON{ID: ns.GetId(), Role: ns.GetRole(), Term: ns.GetTerm(), CommitIndex: ns.GetCommitIndex(),
-					AppliedIndex: ns.GetAppliedIndex(), LastIndex: ns.GetLastIndex(), Leader: ns.GetLeader(), Epoch: ns.GetEpoch(), Ready: ns.GetReady(),
-					Draining: ns.GetDraining(), Insecure: ns.GetInsecure(), Rules: ns.GetRules(), RulesDigest: ns.GetRulesDigest(), Version: ns.GetVersion()})
+			if a.structured() {
+				return a.write(ns)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			for _, row := range [][2]any{
@@ -53,23 +51,4 @@ func newNodeCmd(a *app) *cobra.Command {
 	}
 	cmd.AddCommand(status)
 	return cmd
-}
-
-// nodeStatusJSON is `node status -o json`: snake_case names, every field
-// present.
-type nodeStatusJSON struct {
-	ID           string `json:"id"`
-	Role         string `json:"role"`
-	Term         uint64 `json:"term"`
-	CommitIndex  uint64 `json:"commit_index"`
-	AppliedIndex uint64 `json:"applied_index"`
-	LastIndex    uint64 `json:"last_index"`
-	Leader       string `json:"leader"`
-	Epoch        uint64 `json:"epoch"`
-	Ready        bool   `json:"ready"`
-	Draining     bool   `json:"draining"`
-	Insecure     bool   `json:"insecure"`
-	Rules        uint64 `json:"rules"`
-	RulesDigest  string `json:"rules_digest"`
-	Version      string `json:"version"`
 }

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -16,15 +17,34 @@ import (
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
-// Rules travel as protojson with the proto's JSON (lowerCamelCase) field
-// names, the same names rule apply reads, so that the output of
-// `rule get -o json` and `rule list -o json` can be applied again.
-var jsonOpts = protojson.MarshalOptions{}
+// One JSON style for everything tokenctl prints with -o json or -o yaml:
+//   - API objects (rules, cluster and node status, refill and lease
+//     answers, snapshot restore...) are protojson: the proto's JSON
+//     (lowerCamelCase) names, 64-bit integers as JSON strings, durations
+//     like "1.500s", every field present (zero values too) for scripts;
+//   - rules alone leave their zero-valued fields out, as rule files are
+//     written, so that `rule get` and `rule list` output applies again
+//     with `rule apply -f` (and a rule file holds only what was set);
+//   - tokenctl's own result objects (acquire's tally, refill, bench,
+//     token create...) use the same lowerCamelCase names, every field
+//     present, numbers as numbers.
+//
+// -o yaml is the same document as YAML (keys in the same order), which
+// internal/rulefile reads back for rules.
+var (
+	jsonOpts = protojson.MarshalOptions{EmitUnpopulated: true}
+	ruleOpts = protojson.MarshalOptions{}
+)
 
-// protoJSON marshals m with jsonOpts, compact and with stable spacing
-// (protojson's own output varies its whitespace on purpose).
+// protoJSON marshals m (jsonOpts; ruleOpts for a rule), compact and with
+// stable spacing (protojson's own output varies its whitespace on
+// purpose).
 func protoJSON(m proto.Message) (json.RawMessage, error) {
-	b, err := jsonOpts.Marshal(m)
+	opts := jsonOpts
+	if _, ok := m.(*pb.Rule); ok {
+		opts = ruleOpts
+	}
+	b, err := opts.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s as JSON: %w", m.ProtoReflect().Descriptor().Name(), err)
 	}
@@ -35,48 +55,104 @@ func protoJSON(m proto.Message) (json.RawMessage, error) {
 	return buf.Bytes(), nil
 }
 
-// writeJSON writes v as indented JSON and a newline.
-func writeJSON(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+// toJSON encodes v: a proto.Message as protoJSON, anything else (a result
+// struct with lowerCamelCase tags, a json.RawMessage) with encoding/json.
+func toJSON(v any) ([]byte, error) {
+	if m, ok := v.(proto.Message); ok {
+		return protoJSON(m)
+	}
+	return json.Marshal(v)
+}
+
+// structured reports whether -o json or -o yaml was asked for.
+func (a *app) structured() bool { return a.output == "json" || a.output == "yaml" }
+
+// write prints v (see toJSON) as indented JSON or as YAML, per -o.
+func (a *app) write(v any) error {
+	b, err := toJSON(v)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
+	if a.output == "yaml" {
+		return writeYAML(a.stdout, b)
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, b, "", "  "); err != nil {
+		return err
+	}
+	buf.WriteByte('\n')
+	_, err = a.stdout.Write(buf.Bytes())
 	return err
 }
 
-// writeJSONLine writes v as compact JSON on one line.
-func writeJSONLine(w io.Writer, v any) error {
-	b, err := json.Marshal(v)
+// writeLine prints v as one compact JSON line, or as one YAML document
+// that starts with "---", for commands that print a stream of results.
+func (a *app) writeLine(v any) error {
+	b, err := toJSON(v)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
+	if a.output == "yaml" {
+		if _, err := io.WriteString(a.stdout, "---\n"); err != nil {
+			return err
+		}
+		return writeYAML(a.stdout, b)
+	}
+	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
 	return err
 }
 
-// writeRulesJSON writes {"rules":[...]}; a missing list is written as [].
-func writeRulesJSON(w io.Writer, rules []*pb.Rule) error {
-	out := struct {
-		Rules []json.RawMessage `json:"rules"`
-	}{Rules: make([]json.RawMessage, 0, len(rules))}
+// writeYAML writes the JSON document b as block-style YAML, keys in their
+// order. JSON is YAML, so yaml.v3 reads it into a Node tree; clearing the
+// flow and quoting styles lets the encoder choose block style, and it
+// still quotes the strings that would read as another type ("12").
+func writeYAML(w io.Writer, b []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return fmt.Errorf("convert JSON to YAML: %w", err)
+	}
+	var plain func(n *yaml.Node)
+	plain = func(n *yaml.Node) {
+		n.Style = 0
+		for _, c := range n.Content {
+			plain(c)
+		}
+	}
+	plain(&doc)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return fmt.Errorf("write YAML: %w", err)
+	}
+	return enc.Close()
+}
+
+// ruleList is what `rule list` and `rule apply` print: {"rules": [...]},
+// a form `rule apply` reads back.
+type ruleList struct {
+	Rules []json.RawMessage `json:"rules"`
+}
+
+// newRuleList encodes rules; a missing list is written as [].
+func newRuleList(rules []*pb.Rule) (ruleList, error) {
+	out := ruleList{Rules: make([]json.RawMessage, 0, len(rules))}
 	for _, r := range rules {
 		b, err := protoJSON(r)
 		if err != nil {
-			return err
+			return out, err
 		}
 		out.Rules = append(out.Rules, b)
 	}
-	return writeJSON(w, out)
+	return out, nil
 }
 
-// writeRuleJSON writes one rule object.
-func writeRuleJSON(w io.Writer, r *pb.Rule) error {
-	b, err := protoJSON(r)
+// writeRules prints rules as a ruleList.
+func (a *app) writeRules(rules []*pb.Rule) error {
+	l, err := newRuleList(rules)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, b)
+	return a.write(l)
 }
 
 // algorithmNames spells the algorithms as flags do.

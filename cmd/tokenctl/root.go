@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/tokenserver/tokenserver/internal/buildinfo"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -43,9 +44,6 @@ type app struct {
 	sec            security
 }
 
-// json reports whether -o json was asked for.
-func (a *app) json() bool { return a.output == "json" }
-
 // logf writes a log line to stderr.
 func (a *app) logf(format string, args ...any) {
 	fmt.Fprintf(a.stderr, "tokenctl: "+format+"\n", args...)
@@ -62,17 +60,23 @@ func (a *app) context(cmd *cobra.Command, extra time.Duration) (context.Context,
 // retry Unavailable until their deadline (rpc.go). grpc.NewClient does not
 // connect: the first call does.
 func (a *app) dial() (*grpc.ClientConn, error) {
-	return a.dialWith(a.retryDialOptions()...)
+	probe := newConnProbe(a.server)
+	return a.dialWith(probe, a.retryDialOptions(probe)...)
 }
 
 // dialDirect is dial without waiting or retries: a call fails at once when
-// the server cannot be reached (bench's load).
-func (a *app) dialDirect() (*grpc.ClientConn, error) {
-	return a.dialWith()
+// the server cannot be reached (bench's load). The probe records the
+// connection's TLS failures for a caller that waits (watchConn).
+func (a *app) dialDirect() (*grpc.ClientConn, *connProbe, error) {
+	probe := newConnProbe(a.server)
+	c, err := a.dialWith(probe)
+	return c, probe, err
 }
 
-func (a *app) dialWith(extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	opts, err := a.sec.dialOptions()
+// dialWith dials --server with the security flags' options and extra;
+// probe, if not nil, records TLS handshake failures.
+func (a *app) dialWith(probe *connProbe, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts, err := a.sec.dialOptions(probe)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +106,9 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Short: "Drive a tokenserver: rules, acquire and refill by hand, bench",
 		Long: `tokenctl drives a tokenserver over gRPC.
 
-Results go to stdout, as a table or, with -o json, as JSON; logs and progress
+Results go to stdout, as a table or, with -o json or -o yaml, as JSON or
+YAML (API objects in protojson with the proto's JSON names, as rule files
+use; tokenctl's own results in the same lowerCamelCase); logs and progress
 go to stderr. Calls wait for the server and are retried while it answers
 Unavailable, with exponential backoff and jitter, until --timeout, the
 deadline of the whole command.
@@ -110,16 +116,19 @@ deadline of the whole command.
 Exit codes: 0 when the command did its work (a denied acquire is a result,
 not an error); 1 on an error (InvalidArgument, NotFound, an unreachable
 server, ...); 2 on a usage error (a bad flag or argument).`,
-		SilenceErrors:     true,
-		SilenceUsage:      true,
-		Args:              cobra.ArbitraryArgs,
-		RunE:              groupRunE,
-		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          cobra.ArbitraryArgs,
+		RunE:          groupRunE,
+		// cobra's own `completion bash|zsh|fish|powershell`.
+		CompletionOptions: cobra.CompletionOptions{},
+		// --version prints what `tokenctl version` prints.
+		Version: buildinfo.Version(),
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch a.output {
-			case "table", "json":
+			case "table", "json", "yaml":
 			default:
-				return usagef("-o/--output must be table or json, got %q", a.output)
+				return usagef("-o/--output must be table, json or yaml, got %q", a.output)
 			}
 			if a.timeout <= 0 {
 				return usagef("--timeout must be > 0, got %v", a.timeout)
@@ -130,6 +139,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 			return nil
 		},
 	}
+	root.SetVersionTemplate("tokenctl {{.Version}}\n")
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
@@ -141,7 +151,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.server, "server", server, "gRPC address of a tokenserver node (env "+serverEnv+")")
 	pf.DurationVar(&a.timeout, "timeout", defaultTimeout, "deadline of the whole command; calls failing with Unavailable are retried within it")
-	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	pf.StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
 	a.sec.addFlags(pf)
 
 	root.AddCommand(

@@ -22,7 +22,8 @@ import (
 // (maxCallAttempts) so that the deadline, not a count, ends the retries, as
 // the hand-written loop this replaces did. Rule writes with
 // expected_version are retried too, as they always were: a retried write
-// whose first attempt did commit answers FailedPrecondition.
+// whose first attempt did commit answers FailedPrecondition, which
+// reconcileWrite (reconcile.go) recognizes by reading the rule back.
 const (
 	retryInitial = 50 * time.Millisecond
 	retryMax     = 2 * time.Second
@@ -50,8 +51,9 @@ var serviceConfig = fmt.Sprintf(`{
 
 // retryDialOptions are the dial options of every connection but bench's
 // load: the service config, reconnection with the same backoff, and the
-// interceptors and stats handler that report waiting and retries.
-func (a *app) retryDialOptions() []grpc.DialOption {
+// interceptors and stats handler that report waiting and retries and end
+// a call whose connection failed for good (failfast.go, through probe).
+func (a *app) retryDialOptions(probe *connProbe) []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithDefaultServiceConfig(serviceConfig),
 		grpc.WithMaxCallAttempts(maxCallAttempts),
@@ -62,55 +64,104 @@ func (a *app) retryDialOptions() []grpc.DialOption {
 			// only the backoff delay.
 			MinConnectTimeout: 20 * time.Second,
 		}),
-		grpc.WithChainUnaryInterceptor(a.unaryInterceptor),
-		grpc.WithChainStreamInterceptor(a.streamInterceptor),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			ctx, rec := withAttempts(ctx)
+			ctx, cancel := context.WithCancelCause(ctx)
+			defer cancel(nil)
+			stop := a.watchConn(ctx, cc, probe, cancel)
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			stop()
+			if err = a.unreachable(ctx, cc, rec, err); err != nil {
+				// A write retried after Unavailable may have committed
+				// (reconcile.go).
+				err = a.reconcileWrite(ctx, cc, method, req, reply, rec, err)
+			}
+			return err
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			// A stream waits for the connection, and is retried, when it
+			// is created; the stream keeps ctx, so it is not cancelled
+			// once created.
+			ctx, rec := withAttempts(ctx)
+			sctx, cancel := context.WithCancelCause(ctx)
+			stop := a.watchConn(sctx, cc, probe, cancel)
+			s, err := streamer(sctx, desc, cc, method, opts...)
+			stop()
+			if err != nil {
+				defer cancel(nil)
+				return nil, a.unreachable(sctx, cc, rec, err)
+			}
+			return &cancelOnEnd{ClientStream: s, cancel: func() { cancel(nil) }}, nil
+		}),
 		grpc.WithStatsHandler(&attemptLog{a: a}),
 	}
 }
 
-// unaryInterceptor logs while the connection is down and turns the end of
-// a call that never got an answer into Unavailable naming the server.
-func (a *app) unaryInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	ctx, rec := withAttempts(ctx)
-	defer a.watchConn(ctx, cc)()
-	return a.unreachable(cc, rec, invoker(ctx, method, req, reply, cc, opts...))
+// cancelOnEnd is a client stream that releases its context when it ends.
+type cancelOnEnd struct {
+	grpc.ClientStream
+	cancel func()
 }
 
-// streamInterceptor is unaryInterceptor for streams: a stream waits for
-// the connection, and is retried, when it is created.
-func (a *app) streamInterceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	ctx, rec := withAttempts(ctx)
-	defer a.watchConn(ctx, cc)()
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	return s, a.unreachable(cc, rec, err)
+func (s *cancelOnEnd) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		s.cancel()
+	}
+	return err
 }
 
-// watchConn logs each time cc fails to connect until ctx ends or the
+// watchConn logs each time cc fails to connect, and ends the call through
+// cancel when probe finds the failure permanent, until ctx ends or the
 // returned stop is called (which waits for the watcher to end).
-func (a *app) watchConn(ctx context.Context, cc *grpc.ClientConn) (stop func()) {
+func (a *app) watchConn(ctx context.Context, cc *grpc.ClientConn, probe *connProbe, cancel context.CancelCauseFunc) (stop func()) {
 	if cc.GetState() == connectivity.Ready {
 		return func() {}
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, stopWatch := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		logged := false
 		for s := cc.GetState(); s != connectivity.Ready && s != connectivity.Shutdown; s = cc.GetState() {
 			if s == connectivity.TransientFailure {
-				a.logf("%s is unavailable, retrying until --timeout %v", a.server, a.timeout)
+				if err := probe.permanent(ctx); err != nil {
+					cancel(err)
+					return
+				}
+				if !logged {
+					a.logf("%s is unavailable, retrying until --timeout %v", a.server, a.timeout)
+				}
+				logged = true
+				// The channel stays in TRANSIENT_FAILURE while it
+				// reconnects (pick_first's sticky failure), so probe
+				// again after a while even without a state change.
+				wait, cancelWait := context.WithTimeout(ctx, probeInterval)
+				cc.WaitForStateChange(wait, s)
+				cancelWait()
+				if ctx.Err() != nil {
+					return
+				}
+				continue
 			}
+			logged = false
 			if !cc.WaitForStateChange(ctx, s) {
 				return
 			}
 		}
 	})
-	return func() { cancel(); wg.Wait() }
+	return func() { stopWatch(); wg.Wait() }
 }
 
 // unreachable turns the DeadlineExceeded of a call that got no answer but
 // Unavailable (or never reached the server: its connection is not ready)
 // into Unavailable naming the server, as the caller of a call that ran out
-// of retries wants to read it. rec may be nil.
-func (a *app) unreachable(cc *grpc.ClientConn, rec *attempts, err error) error {
+// of retries wants to read it, and a call ended by a permanent connection
+// failure into Unavailable saying why. rec may be nil.
+func (a *app) unreachable(ctx context.Context, cc *grpc.ClientConn, rec *attempts, err error) error {
+	var perm *permanentError
+	if err != nil && errors.As(context.Cause(ctx), &perm) {
+		return status.Error(codes.Unavailable, perm.Error())
+	}
 	if status.Code(err) != codes.DeadlineExceeded {
 		return err
 	}

@@ -64,7 +64,7 @@ leases held at once and --period their lifetime. --burst defaults to the limit.`
 			if err != nil {
 				return err
 			}
-			req := &pb.PutRuleRequest{Rule: r}
+			req := &pb.PutRuleRequest{Rule: r, RequestId: newRequestID()}
 			if cmd.Flags().Changed("expected-version") {
 				req.ExpectedVersion = &f.expectedVersion
 			}
@@ -178,8 +178,8 @@ func parseOverride(s string) (*pb.Override, error) {
 
 // writeRule prints one rule in the chosen format.
 func (a *app) writeRule(r *pb.Rule) error {
-	if a.json() {
-		return writeRuleJSON(a.stdout, r)
+	if a.structured() {
+		return a.write(r)
 	}
 	return writeRuleTable(a.stdout, r)
 }
@@ -209,29 +209,15 @@ func newRuleListCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List every rule, sorted by name",
-		Long:  "List every rule, sorted by name. With -o json: an object whose \"rules\" is the list.",
+		Long:  "List every rule, sorted by name. With -o json or -o yaml: an object whose \"rules\" is the list, which 'rule apply -f' reads back.",
 		Args:  argNames(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			// Follow the pages; each page is its own call (with its own
-			// retries), and a page token that repeats ends the loop.
-			var rules []*pb.Rule
-			token := ""
-			for page := 1; ; page++ {
-				resp, err := adminRPC(a, cmd, fmt.Sprintf("list rules (page %d)", page), func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
-					return c.ListRules(ctx, &pb.ListRulesRequest{Local: local, PageToken: token})
-				})
-				if err != nil {
-					return err
-				}
-				rules = append(rules, resp.GetRules()...)
-				next := resp.GetNextPageToken()
-				if next == "" || next == token {
-					break
-				}
-				token = next
+			rules, err := listRules(a, cmd, local)
+			if err != nil {
+				return err
 			}
-			if a.json() {
-				return writeRulesJSON(a.stdout, rules)
+			if a.structured() {
+				return a.writeRules(rules)
 			}
 			if len(rules) == 0 {
 				a.logf("no rules")
@@ -244,6 +230,27 @@ func newRuleListCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+// listRules reads every rule, following the pages; each page is its own
+// call (with its own retries), and a page token that repeats ends the loop.
+func listRules(a *app, cmd *cobra.Command, local bool) ([]*pb.Rule, error) {
+	var rules []*pb.Rule
+	token := ""
+	for page := 1; ; page++ {
+		resp, err := adminRPC(a, cmd, fmt.Sprintf("list rules (page %d)", page), func(ctx context.Context, c pb.AdminServiceClient) (*pb.ListRulesResponse, error) {
+			return c.ListRules(ctx, &pb.ListRulesRequest{Local: local, PageToken: token})
+		})
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, resp.GetRules()...)
+		next := resp.GetNextPageToken()
+		if next == "" || next == token {
+			return rules, nil
+		}
+		token = next
+	}
+}
+
 func newRuleDeleteCmd(a *app) *cobra.Command {
 	var expected uint64
 	cmd := &cobra.Command{
@@ -251,7 +258,7 @@ func newRuleDeleteCmd(a *app) *cobra.Command {
 		Short: "Delete a rule and drop its buckets",
 		Args:  argNames("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := &pb.DeleteRuleRequest{Name: args[0]}
+			req := &pb.DeleteRuleRequest{Name: args[0], RequestId: newRequestID()}
 			if cmd.Flags().Changed("expected-version") {
 				req.ExpectedVersion = &expected
 			}
@@ -261,8 +268,8 @@ func newRuleDeleteCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]string{"deleted": args[0]})
+			if a.structured() {
+				return a.write(map[string]string{"deleted": args[0]})
 			}
 			_, err = fmt.Fprintf(a.stdout, "deleted rule %s\n", args[0])
 			return err

@@ -82,15 +82,20 @@ func (s *security) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// dialOptions are the transport and per-call credentials of the flags.
-func (s *security) dialOptions() ([]grpc.DialOption, error) {
+// dialOptions are the transport and per-call credentials of the flags;
+// with a probe, TLS handshake failures are recorded in it.
+func (s *security) dialOptions(probe *connProbe) ([]grpc.DialOption, error) {
 	var opts []grpc.DialOption
 	if s.tls() {
 		cfg, err := s.tlsConfig()
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		creds := credentials.NewTLS(cfg)
+		if probe != nil {
+			creds = &recordingCreds{TransportCredentials: creds, probe: probe}
+		}
+		opts = append(opts, grpc.WithTransportCredentials(creds))
 	} else {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
@@ -263,8 +268,8 @@ func (o *certOptions) write(a *app, name string, certPEM, keyPEM, caPEM []byte) 
 	if o.secret != "" {
 		return writeSecret(a.stdout, o.secret, o.namespace, certPEM, keyPEM, caPEM)
 	}
-	if a.json() {
-		return writeJSON(a.stdout, map[string]string{"cert": certFile, "key": keyFile})
+	if a.structured() {
+		return a.write(map[string]string{"cert": certFile, "key": keyFile})
 	}
 	_, err := fmt.Fprintf(a.stdout, "wrote %s and %s\n", certFile, keyFile)
 	return err
@@ -301,14 +306,23 @@ func newTokenCmd(a *app) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 		RunE:  groupRunE,
 	}
-	cmd.AddCommand(&cobra.Command{
+	var appendTo string
+	create := &cobra.Command{
 		Use:   "create PRINCIPAL ROLES",
 		Short: "Print a random token and its line for the server's --auth-tokens file",
 		Long: `create prints a random bearer token (256 bits) and the line that admits it
 in the server's --auth-tokens file, which holds only the token's SHA-256.
 ROLES is comma-separated: client, viewer, editor, admin. Give the token to
 the caller (tokenctl --token or TOKENSERVER_TOKEN, the SDK's WithToken) and
-append the line to the file on every node: they re-read it on change.`,
+append the line to the file on every node: they re-read it on change.
+
+--append FILE adds the line to FILE itself, keeping its other lines as
+they are: the new file is written beside it and renamed over it, so a
+server re-reading it sees the old file or the new one, never half of one.
+A missing FILE is created (mode 0600); an existing one keeps its mode.
+Two appends to one file at the same moment can lose one of the lines.`,
+		Example: `  tokenctl token create ci editor
+  tokenctl token create ci editor --append /etc/tokenserver/tokens`,
 		Args: argNames("PRINCIPAL", "ROLES"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			roles, err := auth.ParseRoles(args[1])
@@ -319,12 +333,53 @@ append the line to the file on every node: they re-read it on change.`,
 			if err != nil {
 				return usagef("%v", err)
 			}
-			if a.json() {
-				return writeJSON(a.stdout, map[string]string{"principal": args[0], "roles": roles.String(), "token": tok, "line": line})
+			if appendTo != "" {
+				if err := appendLineAtomic(appendTo, line); err != nil {
+					return fmt.Errorf("token create --append: %w", err)
+				}
 			}
-			_, err = fmt.Fprintf(a.stdout, "token: %s\nline:  %s\n", tok, line)
+			if a.structured() {
+				out := map[string]string{"principal": args[0], "roles": roles.String(), "token": tok, "line": line}
+				if appendTo != "" {
+					out["file"] = appendTo
+				}
+				return a.write(out)
+			}
+			if _, err := fmt.Fprintf(a.stdout, "token: %s\nline:  %s\n", tok, line); err != nil {
+				return err
+			}
+			if appendTo != "" {
+				_, err = fmt.Fprintf(a.stdout, "appended the line to %s\n", appendTo)
+			}
 			return err
 		},
-	})
+	}
+	create.Flags().StringVar(&appendTo, "append", "", "also append the line to this token file (atomic rename; other lines kept)")
+	cmd.AddCommand(create)
 	return cmd
+}
+
+// appendLineAtomic adds line to the file path (created 0600 if missing),
+// keeping its content byte for byte and its mode, by writing the whole new
+// file beside it and renaming it over path.
+func appendLineAtomic(path, line string) error {
+	data, err := os.ReadFile(path)
+	mode := os.FileMode(0o600)
+	switch {
+	case err == nil:
+		fi, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		mode = fi.Mode().Perm()
+	case errors.Is(err, os.ErrNotExist):
+	default:
+		return err
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		data = append(data, '\n')
+	}
+	data = append(data, line...)
+	data = append(data, '\n')
+	return writeFileAtomicMode(path, data, mode)
 }

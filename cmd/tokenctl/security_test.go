@@ -219,3 +219,61 @@ func TestTLSAndToken(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenCreateAppend: --append adds the new line to the token file,
+// keeping the other lines byte for byte and the file's mode, creates a
+// missing file 0600, and the server's parser reads the result.
+func TestTokenCreateAppend(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tokens")
+	_, old, err := auth.NewToken("old", auth.RoleViewer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := "# ops tokens\n\n" + old // no final newline
+	if err := os.WriteFile(file, []byte(orig), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, p := range []string{"ci", "svc"} {
+		r := tokenctl(t, "", "token", "create", p, "editor", "--append", file, "-o", "json")
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		var out map[string]string
+		decode(t, r.stdout, &out)
+		if out["file"] != file || out["line"] != auth.TokenLine(out["token"], p, auth.RoleEditor) {
+			t.Fatalf("token create --append: %v", out)
+		}
+		lines = append(lines, out["line"])
+	}
+	got, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := orig + "\n" + lines[0] + "\n" + lines[1] + "\n"; string(got) != want {
+		t.Errorf("file after two appends:\n%q\nwant\n%q", got, want)
+	}
+	if fi, _ := os.Stat(file); fi.Mode().Perm() != 0o640 {
+		t.Errorf("mode %v, want 0640 kept", fi.Mode().Perm())
+	}
+	az, err := auth.New(auth.Options{TokenFile: file, ReloadInterval: -1})
+	if err != nil {
+		t.Fatalf("the server does not read the appended file: %v", err)
+	}
+	az.Close()
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("temporary files left beside the token file: %v", entries)
+	}
+
+	fresh := filepath.Join(dir, "new-tokens")
+	if r := tokenctl(t, "", "token", "create", "ci", "client", "--append", fresh); r.err != nil || !strings.Contains(r.stdout, "appended the line to "+fresh) {
+		t.Fatalf("token create --append to a missing file: %v\n%s", r.err, r.stdout)
+	}
+	if fi, err := os.Stat(fresh); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("new token file: %v, want mode 0600", err)
+	}
+	if r := tokenctl(t, "", "token", "create", "ci", "client", "--append", filepath.Join(dir, "no-dir", "tokens")); r.err == nil {
+		t.Error("--append into a missing directory succeeded")
+	}
+}

@@ -16,8 +16,8 @@ func newVersionCmd(a *app) *cobra.Command {
 		Args:  argNames(),
 		RunE: func(*cobra.Command, []string) error {
 			b := buildinfo.Read()
-			if a.json() {
-				return writeJSON(a.stdout, map[string]string{"version": b.Version, "revision": b.Revision, "go_version": b.GoVersion})
+			if a.structured() {
+				return a.write(map[string]string{"version": b.Version, "revision": b.Revision, "goVersion": b.GoVersion})
 			}
 			_, err := fmt.Fprintln(a.stdout, "tokenctl", buildinfo.Version())
 			return err

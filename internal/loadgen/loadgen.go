@@ -116,26 +116,26 @@ type Result struct {
 	Conns       int     `json:"conns"`
 	Keys        int     `json:"keys,omitempty"`
 	Batch       int     `json:"batch,omitempty"`
-	DurationSec float64 `json:"duration_sec"`
+	DurationSec float64 `json:"durationSec"`
 	Calls       int64   `json:"calls"`
 	// Lease mode: where the SDK's decisions came from.
-	FromLease       int64   `json:"from_lease,omitempty"`
-	FromServer      int64   `json:"from_server,omitempty"`
-	FromFallback    int64   `json:"from_fallback,omitempty"`
+	FromLease       int64   `json:"fromLease,omitempty"`
+	FromServer      int64   `json:"fromServer,omitempty"`
+	FromFallback    int64   `json:"fromFallback,omitempty"`
 	Decisions       int64   `json:"decisions"`
-	RPCsPerSec      float64 `json:"rpcs_per_sec"`
-	DecisionsPerSec float64 `json:"decisions_per_sec"`
+	RPCsPerSec      float64 `json:"rpcsPerSec"`
+	DecisionsPerSec float64 `json:"decisionsPerSec"`
 	Allowed         int64   `json:"allowed"`
 	Denied          int64   `json:"denied"`
 	Errors          int64   `json:"errors"`
-	ItemErrors      int64   `json:"item_errors"`
-	FirstError      string  `json:"first_error,omitempty"`
-	P50Ms           float64 `json:"p50_ms"`
-	P90Ms           float64 `json:"p90_ms"`
-	P99Ms           float64 `json:"p99_ms"`
-	P999Ms          float64 `json:"p999_ms"`
-	MaxMs           float64 `json:"max_ms"`
-	MeanMs          float64 `json:"mean_ms"`
+	ItemErrors      int64   `json:"itemErrors"`
+	FirstError      string  `json:"firstError,omitempty"`
+	P50Ms           float64 `json:"p50Ms"`
+	P90Ms           float64 `json:"p90Ms"`
+	P99Ms           float64 `json:"p99Ms"`
+	P999Ms          float64 `json:"p999Ms"`
+	MaxMs           float64 `json:"maxMs"`
+	MeanMs          float64 `json:"meanMs"`
 }
 
 // worker is one calling goroutine's state. The counters are atomic so
