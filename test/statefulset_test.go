@@ -85,7 +85,8 @@ func TestStatefulSetFlags(t *testing.T) {
 	}
 	// tokenctl cluster status -o json: the fields scripts read.
 	js := ctlJSON(t, c.grpc[c.ids[1]], "cluster", "status")
-	if js["leader"] != leader || js["epoch"].(float64) == 0 {
+	// API objects print as protojson: 64-bit integers are strings.
+	if js["leader"] != leader || js["epoch"] == nil || js["epoch"] == "0" {
 		t.Fatalf("cluster status -o json: leader %v epoch %v, want %s and an epoch", js["leader"], js["epoch"], leader)
 	}
 	members, _ := js["members"].([]any)
@@ -94,12 +95,12 @@ func TestStatefulSetFlags(t *testing.T) {
 	}
 	for _, m := range members {
 		mm := m.(map[string]any)
-		for _, k := range []string{"id", "grpc_addr", "raft_addr", "role", "voter", "live", "applied_index"} {
+		for _, k := range []string{"id", "grpcAddr", "raftAddr", "role", "voter", "live", "appliedIndex"} {
 			if _, ok := mm[k]; !ok {
 				t.Fatalf("member %v lacks %q", mm, k)
 			}
 		}
-		if mm["live"] != true || mm["applied_index"].(float64) == 0 {
+		if mm["live"] != true || mm["appliedIndex"] == "0" {
 			t.Fatalf("member %v", mm)
 		}
 	}
