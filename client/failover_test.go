@@ -331,7 +331,6 @@ type muteNode struct {
 	pb.UnimplementedTokenServiceServer
 	view      *pb.ClusterView
 	heartbeat bool
-	ready     bool
 }
 
 func (m *muteNode) GetClusterView(context.Context, *pb.GetClusterViewRequest) (*pb.ClusterView, error) {

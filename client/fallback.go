@@ -29,8 +29,8 @@ type localLimiter struct {
 	inflight int64 // concurrency handles held locally; guarded by localLimiters.mu
 }
 
-func newLocalLimiters(max int) *localLimiters {
-	return &localLimiters{max: max, lru: list.New(), m: map[localKey]*list.Element{}}
+func newLocalLimiters(most int) *localLimiters {
+	return &localLimiters{max: most, lru: list.New(), m: map[localKey]*list.Element{}}
 }
 
 // get returns the limiter of (rule, key) admitting limit per period,

@@ -37,7 +37,7 @@ type Handle struct {
 // ErrUnavailable.
 func (l *Limiter) Acquire(ctx context.Context, key string) (*Handle, error) {
 	if err := rule.ValidKey(key); err != nil {
-		return nil, fmt.Errorf("rule %q: %v: %w", l.rule, err, ErrInvalid)
+		return nil, fmt.Errorf("rule %q: %w: %w", l.rule, err, ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -212,6 +212,8 @@ func (ks *keyState) batch(now int64, ttl time.Duration, maxBatch, n int64) int64
 // flight, and serves this call from it. ok is false when the call should
 // go to the server on its own (a cold key, a lease in flight, a grant
 // smaller than n).
+//
+//nolint:revive // the bool after the error says whether the lease path decided at all
 func (l *Limiter) leaseSlow(ctx context.Context, st *viewState, ri *ruleInfo, key string, n int64) (Decision, error, bool) {
 	if !leasable(ri) {
 		return Decision{}, nil, false

@@ -169,7 +169,7 @@ func (l *Limiter) decide(ctx context.Context, key string, n int64, maxWait time.
 func (l *Limiter) decideSlow(ctx context.Context, key string, permits int64, maxWait time.Duration) (Decision, error) {
 	n := permits
 	if err := rule.ValidKey(key); err != nil {
-		return Decision{}, fmt.Errorf("rule %q: %v: %w", l.rule, err, ErrInvalid)
+		return Decision{}, fmt.Errorf("rule %q: %w: %w", l.rule, err, ErrInvalid)
 	}
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err

@@ -116,14 +116,6 @@ func WithMaxLocalLimiters(n int) Option {
 	}
 }
 
-// withBreaker tunes the circuit breaker (tests).
-func withBreaker(fails int, probeMin, probeMax time.Duration) Option {
-	return func(o *options) {
-		o.breakerFails, o.probeMin, o.probeMax = fails, probeMin, probeMax
-		o.probeLiveMax = min(o.probeLiveMax, probeMax)
-	}
-}
-
 // withWatchSilence sets how long a silent watch stream is followed (tests).
 func withWatchSilence(d time.Duration) Option {
 	return func(o *options) { o.watchSilence = d }

@@ -46,7 +46,7 @@ Flags:
 		return err
 	}
 	if len(ps) == 0 {
-		return errors.New("recover: --peers is required: the surviving members as id=host:raftport,...")
+		return errors.New("recover: --peers is required: the surviving members as id=host:raftport, comma-separated")
 	}
 	log, err := newLogger("text", *logLevel, stderr)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -66,7 +67,7 @@ func TestBearerTokenTooLongNotHashed(t *testing.T) {
 		t.Errorf("a 15 MB token: %v, want Unauthenticated for its size", err)
 	}
 	_, err = a.Authorize(acquireCtx(strings.Repeat("x", MaxTokenBytes)), m)
-	if err != errBadToken {
+	if !errors.Is(err, errBadToken) {
 		t.Errorf("a token of MaxTokenBytes: %v, want it looked up (%v)", err, errBadToken)
 	}
 }
@@ -329,7 +330,7 @@ func TestPeerIdentityNeedsMembership(t *testing.T) {
 	delete(members, "n2")
 	mu.Unlock()
 	a.Recheck()
-	if context.Cause(sctx) != ErrRevoked {
+	if !errors.Is(context.Cause(sctx), ErrRevoked) {
 		t.Errorf("a removed member's stream: cause %v, want ErrRevoked", context.Cause(sctx))
 	}
 	if _, err := a.Authorize(member, put); status.Code(err) != codes.PermissionDenied {
@@ -366,7 +367,7 @@ func TestDeniedSerialRefused(t *testing.T) {
 		t.Errorf("a denied serial: %v, want Unauthenticated", err)
 	}
 	a.Recheck()
-	if context.Cause(sctx) != ErrRevoked {
+	if !errors.Is(context.Cause(sctx), ErrRevoked) {
 		t.Errorf("the denied certificate's stream: cause %v", context.Cause(sctx))
 	}
 }

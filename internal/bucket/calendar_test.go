@@ -123,7 +123,7 @@ func TestCalendarISOWeekAroundNewYear(t *testing.T) {
 
 func TestCalendarClockBackwards(t *testing.T) {
 	berlin := mustZone("Europe/Berlin")
-	at := func(y int, m time.Month, d, h, min int) int64 { return wall(berlin, y, m, d, h, min) }
+	at := func(y int, m time.Month, d, h, mi int) int64 { return wall(berlin, y, m, d, h, mi) }
 	c := &Config{Algorithm: FixedWindow, Limit: 2, Calendar: CalendarDay, Location: berlin}
 	runAt(t, c, at(2024, 6, 1, 23, 0), []step{
 		acquire(at(2024, 6, 2, 0, 30), 2, Result{Allowed: true, Granted: 2, ResetAfter: 23*hour + 30*int64(time.Minute)}),

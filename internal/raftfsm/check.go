@@ -36,7 +36,7 @@ func openBolt(dir string, readOnly bool) (*raftboltdb.BoltStore, error) {
 	case errors.Is(err, bbolt.ErrTimeout):
 		return nil, fmt.Errorf("open %s: another process holds it (is a tokenserver already running on this data dir?)", path)
 	case err != nil:
-		return nil, fmt.Errorf("open %s: %v: %w; %s", path, err, ErrDamaged, DamagedHelp)
+		return nil, fmt.Errorf("open %s: %w: %w; %s", path, err, ErrDamaged, DamagedHelp)
 	}
 	return s, nil
 }

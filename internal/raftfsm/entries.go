@@ -108,8 +108,8 @@ var commands = [...]command{
 	entryPutEnvoyDomain:    row("put envoy domain", decodePutEnvoyDomain, (*fsmState).putEnvoyDomain),
 	entryDeleteEnvoyDomain: row("delete envoy domain", decodeDeleteEnvoyDomain, (*fsmState).deleteEnvoyDomain),
 	entrySyncEnvoyDomains:  row("sync envoy domains", decodeSyncEnvoyDomains, (*fsmState).syncEnvoyDomains),
-	entryPutOverride:     row("put override", decodePutOverride, (*fsmState).putOverride),
-	entryDeleteOverrides: row("delete overrides", decodeDeleteOverrides, (*fsmState).deleteOverrides),
+	entryPutOverride:       row("put override", decodePutOverride, (*fsmState).putOverride),
+	entryDeleteOverrides:   row("delete overrides", decodeDeleteOverrides, (*fsmState).deleteOverrides),
 }
 
 // errUnknownEntry is an entry type this node does not know.

@@ -101,7 +101,7 @@ type memberV0 struct {
 }
 
 func (m memberV0) info() memberInfo {
-	return memberInfo{ID: m.ID, GRPCAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, WasLive: m.WasLive, Draining: m.Draining}
+	return memberInfo(m)
 }
 
 // snapshotV0 is the first release's snapshot: JSON of its FSM state.

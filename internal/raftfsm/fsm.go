@@ -256,10 +256,10 @@ func (s *fsmState) doPut(index uint64, e putRule) (applyResult, ruleChange) {
 // tableBytesCheck refuses a put that would grow the rule table from was
 // to total bytes, past max (0: no cap). A put that does not grow the
 // table passes, so that a table over a lowered cap can still shrink.
-func tableBytesCheck(name string, was, total, max int64) error {
-	if max > 0 && total > max && total > was {
+func tableBytesCheck(name string, was, total, limit int64) error {
+	if limit > 0 && total > limit && total > was {
 		return fmt.Errorf("rule %q would bring the rule table to %d bytes, above the cluster's limit of %d bytes (--max-rule-table-bytes): %w",
-			name, total, max, ErrRuleTableFull)
+			name, total, limit, ErrRuleTableFull)
 	}
 	return nil
 }

@@ -98,7 +98,7 @@ func dumpState(t testing.TB, f *FSM) []byte {
 		d.Rules = append(d.Rules, c.Bytes())
 	}
 	for _, m := range f.members() {
-		d.Members = append(d.Members, memberDump{ID: m.ID, GRPCAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, WasLive: m.WasLive, Draining: m.Draining})
+		d.Members = append(d.Members, memberDump(m))
 	}
 	sort.Slice(d.Members, func(i, j int) bool { return d.Members[i].ID < d.Members[j].ID })
 	for _, m := range f.View().Members() {

@@ -501,7 +501,7 @@ func (n *Node) apply(ctx context.Context, entry []byte) (applyResult, error) {
 	}
 	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrEnqueueTimeout) {
-			return applyResult{}, fmt.Errorf("apply: %v: %w", err, rule.ErrNoLeader)
+			return applyResult{}, fmt.Errorf("apply: %w: %w", err, rule.ErrNoLeader)
 		}
 		return applyResult{}, fmt.Errorf("apply: %w", err)
 	}

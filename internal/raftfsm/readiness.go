@@ -189,7 +189,7 @@ func (n *Node) consistent(ctx context.Context) error {
 	}
 	readIndex := n.raft.CommitIndex()
 	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return fmt.Errorf("verify leader: %v: %w", err, rule.ErrNoLeader)
+		return fmt.Errorf("verify leader: %w: %w", err, rule.ErrNoLeader)
 	}
 	return n.waitApplied(ctx, readIndex)
 }

@@ -111,7 +111,7 @@ func (n *Node) removedAtStart() bool {
 // elected one, and the call failed though the removal went through.
 func (n *Node) removeSelf(ctx context.Context) error {
 	if err := n.raft.LeadershipTransfer().Error(); err != nil {
-		return fmt.Errorf("remove %s: hand over leadership first: %v: %w", n.cfg.NodeID, err, rule.ErrNoLeader)
+		return fmt.Errorf("remove %s: hand over leadership first: %w: %w", n.cfg.NodeID, err, rule.ErrNoLeader)
 	}
 	n.log.Info("leadership handed over so that the new leader removes this node")
 	var le *rule.LeaderError

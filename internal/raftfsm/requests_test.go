@@ -144,9 +144,9 @@ func TestIssue20Item5_RuleTableByteCap(t *testing.T) {
 	}
 	size := ruleBytes(big("a", 100))
 	capBytes := 2*size + size/2 // room for two such rules
-	put := func(r *rule.Rule, max int64) *raftv1.PutRule {
+	put := func(r *rule.Rule, limit int64) *raftv1.PutRule {
 		e := putEntry(r, nil, 0)
-		e.MaxTableBytes = max
+		e.MaxTableBytes = limit
 		return e
 	}
 	f := NewFSM()

@@ -26,7 +26,7 @@ func (n *Node) SnapshotSave(ctx context.Context) (io.ReadCloser, error) {
 		// The latest snapshot already holds the current state.
 		metas, lerr := n.snaps.List()
 		if lerr != nil || len(metas) == 0 {
-			return nil, fmt.Errorf("snapshot: nothing new, and no snapshot to open: %v", lerr)
+			return nil, fmt.Errorf("snapshot: nothing new, and no snapshot to open: %w", lerr)
 		}
 		_, rc, oerr := n.snaps.Open(metas[0].ID)
 		if oerr != nil {

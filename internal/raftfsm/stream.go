@@ -182,13 +182,6 @@ type advertiseAddr string
 func (a advertiseAddr) Network() string { return "tcp" }
 func (a advertiseAddr) String() string  { return string(a) }
 
-// newStreamLayer listens on bind and advertises advertise (bind when
-// empty); dial, when not nil, replaces net.DialTimeout. Plain TCP with the
-// default limits; newStreamLayerWith takes TLS.
-func newStreamLayer(bind, advertise string, probe func() probeInfo, dial func(string, time.Duration) (net.Conn, error)) (*streamLayer, error) {
-	return newStreamLayerWith(streamOptions{Bind: bind, Advertise: advertise, Probe: probe, Dial: dial})
-}
-
 // newStreamLayerWith starts a stream layer configured by o.
 func newStreamLayerWith(o streamOptions) (*streamLayer, error) {
 	if (o.ServerTLS == nil) != (o.ClientTLS == nil) {

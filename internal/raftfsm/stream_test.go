@@ -232,7 +232,7 @@ func TestStreamPerHostCap(t *testing.T) {
 		}
 		defer extra.Close()
 		_ = extra.SetReadDeadline(time.Now().Add(2 * time.Second))
-		if _, err := extra.Read(make([]byte, 1)); err != io.EOF && !isReset(err) {
+		if _, err := extra.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
 			t.Errorf("the connection past the cap: read %v, want EOF", err)
 		}
 		if a := accept(s, 100*time.Millisecond); a != nil {
@@ -341,7 +341,7 @@ func TestStreamIdleAndHandshakeTimeouts(t *testing.T) {
 	}()
 	start := time.Now()
 	_ = idleC.SetDeadline(time.Time{})
-	if _, err := idleC.Read(make([]byte, 1)); err != io.EOF {
+	if _, err := idleC.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Errorf("idle read: %v, want EOF", err)
 	}
 	if el := time.Since(start); el < idle*3/4 || el > 10*idle {
@@ -361,7 +361,7 @@ func TestStreamIdleAndHandshakeTimeouts(t *testing.T) {
 	defer silent.Close()
 	_ = silent.SetReadDeadline(time.Now().Add(3 * time.Second))
 	start = time.Now()
-	if _, err := silent.Read(make([]byte, 1)); err != io.EOF {
+	if _, err := silent.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Errorf("silent dialer: %v, want EOF", err)
 	}
 	if el := time.Since(start); el > 2*time.Second {

@@ -92,11 +92,11 @@ func newEnvoy(n *Node, cfg EnvoyConfig, control ControlPlane) (*envoy, error) {
 	if s, ok := control.(envoyStore); ok {
 		e.store = s
 	}
-	cap := cfg.DetailedMetricCap
-	if cap == 0 {
-		cap = 100
+	labelCap := cfg.DetailedMetricCap
+	if labelCap == 0 {
+		labelCap = 100
 	}
-	m, err := envoyrls.NewMetrics(n.metrics.reg, cap)
+	m, err := envoyrls.NewMetrics(n.metrics.reg, labelCap)
 	if err != nil {
 		return nil, fmt.Errorf("envoy metrics: %w", err)
 	}

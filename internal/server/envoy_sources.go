@@ -168,7 +168,7 @@ func (e *envoy) runXDS(ctx context.Context, done chan struct{}) {
 		if err != nil {
 			var le *rule.LeaderError
 			if errors.Is(err, rule.ErrNoLeader) || errors.As(err, &le) || errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("write xds set %s: %v: %w", version, err, xds.ErrRetry)
+				return fmt.Errorf("write xds set %s: %w: %w", version, err, xds.ErrRetry)
 			}
 			return fmt.Errorf("write xds set %s: %w", version, err)
 		}

@@ -404,7 +404,7 @@ func TestToStatusMapsEveryError(t *testing.T) {
 		if got := toStatus(tt.err).Code(); got != tt.code {
 			t.Errorf("toStatus(%v) = %v, want %v", tt.err, got, tt.code)
 		}
-		if f, ok := tt.err.(*failure); ok && toStatus(tt.err).Message() != f.msg {
+		if f := (*failure)(nil); errors.As(tt.err, &f) && toStatus(tt.err).Message() != f.msg {
 			t.Errorf("toStatus(%v) message %q, want the failure's own", tt.err, toStatus(tt.err).Message())
 		}
 	}

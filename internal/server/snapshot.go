@@ -38,7 +38,7 @@ func (s *adminService) SnapshotSave(req *pb.SnapshotSaveRequest, stream grpc.Ser
 		}
 		for {
 			c, rerr := up.Recv()
-			if rerr == io.EOF {
+			if errors.Is(rerr, io.EOF) {
 				return nil
 			}
 			if rerr != nil {
@@ -74,7 +74,7 @@ func (s *adminService) SnapshotRestore(stream grpc.ClientStreamingServer[pb.Snap
 	var data bytes.Buffer
 	for {
 		c, err := stream.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -102,7 +103,7 @@ func (nw *Network) Heal(id string) error {
 	delete(nw.cut, id)
 	for k, p := range nw.proxies {
 		if (k[0] == id || nw.idOf(k[1]) == id) && !nw.cut[k[0]] && !nw.cut[nw.idOf(k[1])] {
-			if err := p.Start(); err != nil && err != toxiproxy.ErrProxyAlreadyStarted {
+			if err := p.Start(); err != nil && !errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
 				return fmt.Errorf("restart proxy %s: %w", p.Name, err)
 			}
 		}

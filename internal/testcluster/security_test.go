@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -206,7 +207,7 @@ func saveSnapshot(t *testing.T, c pb.AdminServiceClient) []byte {
 	var b bytes.Buffer
 	for {
 		chunk, err := s.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return b.Bytes()
 		}
 		if err != nil {
@@ -222,7 +223,7 @@ func restoreSnapshot(t *testing.T, c pb.AdminServiceClient, data []byte) (*pb.Sn
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Send(&pb.SnapshotChunk{Data: data}); err != nil && err != io.EOF {
+	if err := s.Send(&pb.SnapshotChunk{Data: data}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	return s.CloseAndRecv()
@@ -481,7 +482,7 @@ func TestHTTPSAuditReflection(t *testing.T) {
 			return err
 		}
 		// A stream the server ended says why on Recv (Send sees io.EOF).
-		if err := s.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil && err != io.EOF {
+		if err := s.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 		_, err = s.Recv()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -50,7 +49,6 @@ func (n *Node) Running() bool { return n.Node != nil }
 // Cluster is a set of nodes.
 type Cluster struct {
 	t     testing.TB
-	mu    sync.Mutex
 	Nodes []*Node
 	// Mutate, when set, changes each node's options before it starts.
 	Mutate func(*server.Options)

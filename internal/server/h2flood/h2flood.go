@@ -115,15 +115,15 @@ func (cn *Conn) Headers(path string, extra ...string) (uint32, error) {
 	id := cn.next
 	cn.next += 2
 	block := cn.buf.Bytes()
-	const max = 16 << 10
+	const maxFrame = 16 << 10
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
-	first := block[:min(len(block), max)]
-	if err := cn.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) <= max}); err != nil {
+	first := block[:min(len(block), maxFrame)]
+	if err := cn.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) <= maxFrame}); err != nil {
 		return 0, fmt.Errorf("headers: %w", err)
 	}
 	for rest := block[len(first):]; len(rest) > 0; {
-		n := min(len(rest), max)
+		n := min(len(rest), maxFrame)
 		if err := cn.fr.WriteContinuation(id, n == len(rest), rest[:n]); err != nil {
 			return 0, fmt.Errorf("continuation: %w", err)
 		}
