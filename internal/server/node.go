@@ -245,10 +245,11 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
 	n.warnExpiring(time.Now())
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.expireOverrides()
 	go n.sweep()
 	go n.watchReadiness()
+	go n.watchAuth()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenserver/tokenserver/internal/auth"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
+)
+
+// TestRevokedTokenEndsViewStream: a WatchClusterView stream opened with a
+// token ends Unauthenticated once a reload drops that token from the
+// token file, while a stream of a token that stays keeps running.
+func TestRevokedTokenEndsViewStream(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "tokens")
+	aliceTok, aliceLine, err := auth.NewToken("alice", auth.RoleClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobTok, bobLine, err := auth.NewToken("bob", auth.RoleClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(aliceLine+"\n"+bobLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	az, err := auth.New(auth.Options{TokenFile: file, ReloadInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(az.Close)
+	tn := newTestNode(t, func(c *Config) { c.Security.Auth = az })
+	open := func(tok string) pb.TokenService_WatchClusterViewClient {
+		t.Helper()
+		c := metadata.AppendToOutgoingContext(ctx(t), "authorization", "Bearer "+tok)
+		w, err := tn.token.WatchClusterView(c, &pb.GetClusterViewRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatalf("first view: %v", err)
+		}
+		return w
+	}
+	alice, bob := open(aliceTok), open(bobTok)
+	if n := az.LiveStreams(); n != 2 {
+		t.Fatalf("%d live streams, want 2", n)
+	}
+	if err := os.WriteFile(file, []byte(bobLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := az.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, err := alice.Recv()
+		if err == nil {
+			continue // a view sent before the end
+		}
+		if status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("alice's stream ended with %v, want Unauthenticated", err)
+		}
+		break
+	}
+	if _, err := bob.Recv(); err != nil {
+		t.Fatalf("bob's stream: %v", err)
+	}
+	if n := az.LiveStreams(); n != 1 {
+		t.Fatalf("%d live streams after the revocation, want 1", n)
+	}
+}
+
+// TestMembershipFollowsRaftConfiguration: Security.Members admits every
+// id until the node has read its configuration, then only its members.
+func TestMembershipFollowsRaftConfiguration(t *testing.T) {
+	m := &Membership{}
+	if !m.Contains("node-9") {
+		t.Fatal("an empty Membership refuses an id")
+	}
+	tn := newTestNode(t, func(c *Config) { c.Security.Members = m })
+	tn.node.refreshMembers() // as watchAuth does at each view change
+	if m.Contains("node-9") {
+		t.Fatal("node-9 is a member after the configuration was read")
+	}
+	if !m.Contains("node-1") {
+		t.Fatal("the node itself is not a member")
+	}
+	for _, tc := range []struct {
+		ids     []string
+		changed bool
+	}{{[]string{"a", "b"}, true}, {[]string{"b", "a"}, false}, {[]string{"a"}, true}} {
+		if got := m.set(tc.ids); got != tc.changed {
+			t.Errorf("set(%v) changed=%v, want %v", tc.ids, got, tc.changed)
+		}
+	}
+}
