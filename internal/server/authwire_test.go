@@ -1,15 +1,24 @@
 package server
 
 import (
+	"context"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
+	"github.com/tokenserver/tokenserver/internal/tlsutil"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -97,5 +106,70 @@ func TestMembershipFollowsRaftConfiguration(t *testing.T) {
 		if got := m.set(tc.ids); got != tc.changed {
 			t.Errorf("set(%v) changed=%v, want %v", tc.ids, got, tc.changed)
 		}
+	}
+}
+
+// nodeSecurity issues node id a certificate from ca, in dir, and returns
+// its Security: TLS on, the CA both client and peer CA.
+func nodeSecurity(t *testing.T, ca *tlsutil.CA, dir, id string) *Security {
+	t.Helper()
+	kp, err := ca.Issue(tlsutil.CertRequest{CommonName: id, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+		URIs: []*url.URL{tlsutil.NodeURI(id)}, Server: true, Client: true, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, caFile := filepath.Join(dir, id+".crt"), filepath.Join(dir, id+".key"), filepath.Join(dir, "ca.crt")
+	if err := kp.WriteFiles(cert, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := tlsutil.New(tlsutil.Files{CertFile: cert, KeyFile: key, ClientCAFile: caFile}, tlsutil.Options{Interval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rl.Close)
+	return &Security{TLS: rl, ClientAuth: tlsutil.ClientAuthRequest}
+}
+
+// TestPeerDialChecksNodeID: a node dialing a member it knows by id
+// refuses a server whose certificate names another node, and accepts the
+// member's own.
+func TestPeerDialChecksNodeID(t *testing.T) {
+	ca, err := tlsutil.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	self, other := nodeSecurity(t, ca, dir, "node-0"), nodeSecurity(t, ca, dir, "node-1")
+	cfg, err := other.TLS.ServerConfig(tlsutil.ClientAuthRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
+	hs := health.NewServer()
+	hs.SetServingStatus(MemberHealthService, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	_, cli := self.peerTLS()
+	p := NewPeers(cli)
+	p.expectIDs(self)
+	t.Cleanup(p.close)
+	addr := lis.Addr().String()
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{{"node-1", true}, {"", true}, {"node-2", false}} {
+		c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		if got := p.healthOf(c, tc.id, addr); got != tc.want {
+			t.Errorf("dialing %q at node-1's address: healthy=%v, want %v", tc.id, got, tc.want)
+		}
+		cancel()
 	}
 }

@@ -131,7 +131,7 @@ func (s *adminService) ClusterStatus(ctx context.Context, req *pb.ClusterStatusR
 	// Health and autopilot state are the leader's: ask it when it is
 	// another node, and answer from here when it cannot be reached.
 	if id, addr := s.n.data.Leader(); id != "" && id != s.n.data.ID() && addr != "" && !forwarded(ctx) {
-		if c, err := s.n.peers.conn(addr); err == nil {
+		if c, err := s.n.peers.connTo(id, addr); err == nil {
 			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			resp, err := pb.NewAdminServiceClient(c).ClusterStatus(markForwarded(cctx), req)
 			cancel()
@@ -163,7 +163,7 @@ func (s *adminService) ClusterStatus(ctx context.Context, req *pb.ClusterStatusR
 			var err error
 			if m.ID == st.ID {
 				ns, err = s.NodeStatus(ctx, nil)
-			} else if c, cerr := s.n.peers.conn(m.GRPCAddr); cerr == nil {
+			} else if c, cerr := s.n.peers.connTo(m.ID, m.GRPCAddr); cerr == nil {
 				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				ns, err = pb.NewAdminServiceClient(c).NodeStatus(cctx, &pb.NodeStatusRequest{})
 				cancel()

@@ -130,6 +130,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 	if n.peers == nil {
 		_, peerClient := sec.peerTLS()
 		n.peers = NewPeers(peerClient)
+		n.peers.expectIDs(sec)
 	}
 	if n.hooks == nil {
 		n.hooks = NewRaftHooks()
