@@ -1,11 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,5 +174,28 @@ func TestPeerDialChecksNodeID(t *testing.T) {
 			t.Errorf("dialing %q at node-1's address: healthy=%v, want %v", tc.id, got, tc.want)
 		}
 		cancel()
+	}
+}
+
+// TestAuditNamesPrincipalAndVia: a write a peer forwarded is audited as
+// principal=<caller> via=<peer>; a direct one names the caller alone.
+func TestAuditNamesPrincipalAndVia(t *testing.T) {
+	var buf bytes.Buffer
+	tn := newTestNode(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&buf, nil)) })
+	for _, tc := range []struct {
+		p    *auth.Principal
+		want string
+		not  string
+	}{
+		{&auth.Principal{Name: "node:n2", Source: auth.SourcePeer, NodeID: "n2", OnBehalfOf: "token:alice"},
+			"principal=token:alice via=peer:node:n2", ""},
+		{&auth.Principal{Name: "alice", Source: auth.SourceToken}, "principal=token:alice", "via="},
+	} {
+		buf.Reset()
+		tn.node.audit(auth.NewContext(context.Background(), tc.p), "/tokenserver.v1.AdminService/PutRule", nil)
+		line := buf.String()
+		if !strings.Contains(line, tc.want) || (tc.not != "" && strings.Contains(line, tc.not)) {
+			t.Errorf("audit line %q: want %q, without %q", line, tc.want, tc.not)
+		}
 	}
 }
