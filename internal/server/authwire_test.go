@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"net"
 	"net/url"
@@ -196,6 +198,95 @@ func TestAuditNamesPrincipalAndVia(t *testing.T) {
 		line := buf.String()
 		if !strings.Contains(line, tc.want) || (tc.not != "" && strings.Contains(line, tc.not)) {
 			t.Errorf("audit line %q: want %q, without %q", line, tc.want, tc.not)
+		}
+	}
+}
+
+// TestDeniedCertificateEndsViewStream: a WatchClusterView stream opened
+// with a client certificate ends Unauthenticated once its serial is added
+// to the deny list (--tls-deny-serials) and the TLS files are reloaded:
+// the node rechecks live streams after a TLS reload.
+func TestDeniedCertificateEndsViewStream(t *testing.T) {
+	ca, err := tlsutil.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	node, err := ca.Issue(tlsutil.CertRequest{CommonName: "node-1", IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+		URIs: []*url.URL{tlsutil.NodeURI("node-1")}, Server: true, Client: true, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := ca.Issue(tlsutil.CertRequest{CommonName: "alice", OrganizationalUnits: []string{"client"}, Client: true, Lifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, caFile, deny := filepath.Join(dir, "n.crt"), filepath.Join(dir, "n.key"), filepath.Join(dir, "ca.crt"), filepath.Join(dir, "deny")
+	if err := node.WriteFiles(cert, key); err != nil {
+		t.Fatal(err)
+	}
+	for f, b := range map[string][]byte{caFile: ca.CertPEM, deny: []byte("# none yet\n")} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rl, err := tlsutil.New(tlsutil.Files{CertFile: cert, KeyFile: key, ClientCAFile: caFile, DenySerialsFile: deny}, tlsutil.Options{Interval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rl.Close)
+	az, err := auth.New(auth.Options{ClientCerts: true, CertDenied: rl.SerialDenied})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(az.Close)
+	cfg := DefaultConfig()
+	cfg.HTTPAddr = ""
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Security = Security{TLS: rl, ClientAuth: tlsutil.ClientAuthRequest, Auth: az}
+	n, err := New(cfg, NewStandalone("node-1", "127.0.0.1:0", inmem(t, cfg.MaxRules)).Deps())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Serve(sctx, Listeners{GRPC: lis}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	pair, err := alice.TLSCertificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	w, err := pb.NewTokenServiceClient(conn).WatchClusterView(ctx(t), &pb.GetClusterViewRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil {
+		t.Fatalf("first view: %v", err)
+	}
+	if err := os.WriteFile(deny, []byte(alice.Cert.SerialNumber.Text(16)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := w.Recv(); err != nil {
+			if status.Code(err) != codes.Unauthenticated {
+				t.Fatalf("the denied certificate's stream ended with %v, want Unauthenticated", err)
+			}
+			return
 		}
 	}
 }
