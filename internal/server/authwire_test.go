@@ -183,7 +183,7 @@ func TestPeerDialChecksNodeID(t *testing.T) {
 // principal=<caller> via=<peer>; a direct one names the caller alone.
 func TestAuditNamesPrincipalAndVia(t *testing.T) {
 	var buf bytes.Buffer
-	tn := newTestNode(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&buf, nil)) })
+	n := &Node{log: slog.New(slog.NewTextHandler(&buf, nil))} // audit needs only the logger
 	for _, tc := range []struct {
 		p    *auth.Principal
 		want string
@@ -194,7 +194,7 @@ func TestAuditNamesPrincipalAndVia(t *testing.T) {
 		{&auth.Principal{Name: "alice", Source: auth.SourceToken}, "principal=token:alice", "via="},
 	} {
 		buf.Reset()
-		tn.node.audit(auth.NewContext(context.Background(), tc.p), "/tokenserver.v1.AdminService/PutRule", nil)
+		n.audit(auth.NewContext(context.Background(), tc.p), "/tokenserver.v1.AdminService/PutRule", nil)
 		line := buf.String()
 		if !strings.Contains(line, tc.want) || (tc.not != "" && strings.Contains(line, tc.not)) {
 			t.Errorf("audit line %q: want %q, without %q", line, tc.want, tc.not)
