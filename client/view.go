@@ -60,6 +60,13 @@ type ruleInfo struct {
 	version   uint64
 }
 
+// isHeartbeat reports whether a view from the followed stream is a
+// heartbeat (pb.ViewHeartbeatHeader): no members, meaning "nothing
+// changed", never "no rules". A whole view always names members: a node
+// is ready only once it is in the view, and the rules of a node that is
+// not ready are not taken anyway.
+func isHeartbeat(pv *pb.ClusterView) bool { return len(pv.GetMembers()) == 0 }
+
 // applyView takes what a server's view teaches: its members when its epoch
 // is newer than the client's (epochs only grow), and its rules when the
 // node that answered is ready. Never looser than the rules: a view from a

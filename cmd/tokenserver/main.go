@@ -105,6 +105,7 @@ type envoyFlags struct {
 type securityFlags struct {
 	tlsCert, tlsKey, tlsClientCA, tlsClientAuth string
 	peerCert, peerKey, peerCA                   string
+	denySerials, peerIDPattern                  string
 	httpTLS                                     bool
 	authTokens                                  string
 	insecure                                    bool
@@ -188,6 +189,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.sec.peerCert, "peer-tls-cert", "", "PEM certificate this node presents to its peers, Raft and gRPC (default: --tls-cert)")
 	fs.StringVar(&o.sec.peerKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert (default: --tls-key)")
 	fs.StringVar(&o.sec.peerCA, "peer-tls-ca", "", "PEM CA bundle that peers' certificates must chain to (default: --tls-client-ca)")
+	fs.StringVar(&o.sec.denySerials, "tls-deny-serials", "", "file of certificate serial numbers to refuse, client and peer certificates alike: one a line in hex (colons and 0x allowed), # comments; re-read when it changes, and streams of a newly denied certificate end")
+	fs.StringVar(&o.sec.peerIDPattern, "peer-id-pattern", "", "also take a certificate as node ID's peer certificate when a URI SAN matches this pattern, {id} standing for the node id (a SPIFFE ID such as spiffe://cluster.local/ns/ts/sa/tokenserver/{id}); default: tokenserver://node/ID only")
 	fs.StringVar(&o.sec.authTokens, "auth-tokens", "", "token file: lines of `sha256:HEX PRINCIPAL ROLE[,ROLE...]` (see tokenctl token create); callers then need a token or a client certificate; re-read when it changes")
 	fs.BoolVar(&o.sec.insecure, "insecure", false, "listen on addresses other than loopback with neither TLS nor authentication anyway (anyone who reaches the node can rewrite its rules)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -259,8 +262,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 // polling.
 func (o *options) security(log *slog.Logger) (func(), error) {
 	f := o.sec
-	if f.tlsCert == "" && (f.tlsClientCA != "" || f.peerCert != "" || f.peerCA != "") {
-		return nil, errors.New("--tls-client-ca and the --peer-tls flags need --tls-cert and --tls-key: the gRPC port, which peers call too, must serve TLS")
+	if f.tlsCert == "" && (f.tlsClientCA != "" || f.peerCert != "" || f.peerCA != "" || f.denySerials != "" || f.peerIDPattern != "") {
+		return nil, errors.New("--tls-client-ca, --tls-deny-serials, --peer-id-pattern and the --peer-tls flags need --tls-cert and --tls-key: the gRPC port, which peers call too, must serve TLS")
+	}
+	if err := tlsutil.ValidPeerIDPattern(f.peerIDPattern); err != nil {
+		return nil, fmt.Errorf("--peer-id-pattern: %w", err)
 	}
 	// A node without TLS has no reloader (it would log that certificates
 	// were loaded).
@@ -268,7 +274,8 @@ func (o *options) security(log *slog.Logger) (func(), error) {
 	if f.tlsCert != "" {
 		var err error
 		if rl, err = tlsutil.New(tlsutil.Files{CertFile: f.tlsCert, KeyFile: f.tlsKey, ClientCAFile: f.tlsClientCA,
-			PeerCertFile: f.peerCert, PeerKeyFile: f.peerKey, PeerCAFile: f.peerCA}, tlsutil.Options{Logger: log}); err != nil {
+			PeerCertFile: f.peerCert, PeerKeyFile: f.peerKey, PeerCAFile: f.peerCA, DenySerialsFile: f.denySerials},
+			tlsutil.Options{Logger: log, PeerIDPattern: f.peerIDPattern}); err != nil {
 			return nil, err
 		}
 	}
@@ -293,7 +300,15 @@ func (o *options) security(log *slog.Logger) (func(), error) {
 		closeRL()
 		return nil, fmt.Errorf("--tls-client-auth=%s needs --tls-client-ca", mode)
 	}
-	az, err := auth.New(auth.Options{TokenFile: f.authTokens, ClientCerts: f.tlsClientCA != "", Logger: log})
+	// A peer certificate counts only for a member of the Raft
+	// configuration (the node keeps members current), and no certificate
+	// on the deny list counts.
+	members := &server.Membership{}
+	ao := auth.Options{TokenFile: f.authTokens, ClientCerts: f.tlsClientCA != "", Logger: log, Members: members.Contains}
+	if rl != nil {
+		ao.CertDenied = rl.SerialDenied
+	}
+	az, err := auth.New(ao)
 	if err != nil {
 		closeRL()
 		return nil, err
@@ -314,7 +329,7 @@ func (o *options) security(log *slog.Logger) (func(), error) {
 		closeAll()
 		return nil, fmt.Errorf("--pprof-addr %s is not a loopback address: profiles and the command line are served in the clear to anyone; use 127.0.0.1 or pass --insecure", o.cfg.PprofAddr)
 	}
-	o.cfg.Security = server.Security{ClientAuth: ca, HTTPTLS: f.httpTLS, Auth: az, Insecure: f.insecure}
+	o.cfg.Security = server.Security{ClientAuth: ca, HTTPTLS: f.httpTLS, Auth: az, Members: members, Insecure: f.insecure}
 	if f.tlsCert != "" {
 		o.cfg.Security.TLS = rl
 	}

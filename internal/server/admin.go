@@ -37,7 +37,7 @@ func (n *Node) onLeader(ctx context.Context, err error, call func(context.Contex
 	if forwarded(ctx) {
 		return toError(failf(ErrUnavailable, "leadership moved to %s while the call was forwarded; retry", le.ID))
 	}
-	conn, cerr := n.peers.conn(le.GRPCAddr)
+	conn, cerr := n.peers.connTo(le.ID, le.GRPCAddr)
 	if cerr != nil {
 		return peerError("leader "+le.ID, cerr)
 	}

@@ -5,10 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
 )
@@ -64,31 +61,15 @@ func (n *Node) warnExpiring(now time.Time) {
 	}
 }
 
-var descCertNotAfter = prometheus.NewDesc("tokenserver_tls_cert_not_after_seconds",
-	"Expiry (Unix seconds) of the certificate the node currently serves, by use: server (client-facing) or peer (to other nodes).", []string{"use"}, nil)
-
-// certCollector exports the certificates' expiry, read at scrape time so
-// that a reloaded certificate shows at once.
-type certCollector struct{ sec *Security }
-
-// Describe implements prometheus.Collector.
-func (c certCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descCertNotAfter }
-
-// Collect implements prometheus.Collector.
-func (c certCollector) Collect(ch chan<- prometheus.Metric) {
-	for use, cert := range c.sec.certs() {
-		if leaf := leafOf(cert); leaf != nil {
-			ch <- prometheus.MustNewConstMetric(descCertNotAfter, prometheus.GaugeValue, float64(leaf.NotAfter.Unix()), use)
-		}
-	}
-}
-
 // CheckPeerCert refuses a node whose peer certificate other nodes would
-// not take as node nodeID: one that does not chain to the peer CA, one
-// that names no tokenserver://node/ID URI while the peer CA also signs
-// client certificates (a SPIFFE ID alone, say), or one that names other
-// nodes but not this one. Such a node would start and never become ready;
-// the error names the flag and the missing URI. No peer TLS: nil.
+// not take as node nodeID: one that does not chain to the peer CA (checked
+// here), and one that names no node, or another node, while peers are
+// told apart by name (tlsutil.Reloader.CheckPeerIdentity: a
+// tokenserver://node/ID URI SAN, or a URI matching --peer-id-pattern). A
+// certificate of a CA of peers only that names no node at all is
+// accepted, the CA being the trust. Such a node would start and never
+// become ready; the error names the flag and the missing URI. No peer
+// TLS: nil.
 func CheckPeerCert(sec *Security, nodeID string) error {
 	srv, _ := sec.peerTLS()
 	if srv == nil || srv.GetConfigForClient == nil {
@@ -103,7 +84,6 @@ func CheckPeerCert(sec *Security, nodeID string) error {
 	if leaf == nil {
 		return errors.New("--peer-tls-cert (default --tls-cert): the certificate does not parse")
 	}
-	want := tlsutil.URIScheme + "://node/" + nodeID
 	inter := x509.NewCertPool()
 	for _, raw := range cert.Certificate[1:] {
 		if c, err := x509.ParseCertificate(raw); err == nil {
@@ -116,16 +96,16 @@ func CheckPeerCert(sec *Security, nodeID string) error {
 			return fmt.Errorf("--peer-tls-cert (default --tls-cert) does not verify against the peer CA (--peer-tls-ca, default --tls-client-ca) for both client and server use: %w; other nodes would refuse this node", err)
 		}
 	}
-	uris := make([]string, len(leaf.URIs))
-	for i, u := range leaf.URIs {
-		uris[i] = u.String()
+	id, isPeer := sec.TLS.PeerID(&tls.ConnectionState{VerifiedChains: chains})
+	if isPeer && id == "" && len(tlsutil.NodeIDs(leaf)) == 0 {
+		return nil // a CA of peers only, or a pattern without {id}: no node named
 	}
-	if _, ok := sec.TLS.PeerID(&tls.ConnectionState{VerifiedChains: chains}); !ok {
-		return fmt.Errorf("--peer-tls-cert (default --tls-cert) has no %s URI SAN (its URIs: [%s]) and its CA also signs client certificates: other nodes would refuse it as a peer and this node would never become ready. "+
-			"Issue it with `tokenctl certs create-node %s`, or give the nodes a CA of their own with --peer-tls-ca", want, strings.Join(uris, " "), nodeID)
+	err = sec.TLS.CheckPeerIdentity(nodeID)
+	switch {
+	case err == nil:
+		return nil
+	case !isPeer:
+		return fmt.Errorf("%w. Other nodes would refuse it as a peer and this node would never become ready: issue it with `tokenctl certs create-node %s`, set --peer-id-pattern, or give the nodes a CA of their own with --peer-tls-ca", err, nodeID)
 	}
-	if ids := tlsutil.NodeIDs(leaf); len(ids) > 0 && !tlsutil.HasNodeID(leaf, nodeID) {
-		return fmt.Errorf("--peer-tls-cert (default --tls-cert) names [%s] but not %s (--node-id %s): it is another node's certificate; other nodes would refuse this node's joins and writes", strings.Join(uris, " "), want, nodeID)
-	}
-	return nil
+	return fmt.Errorf("%w. It names another node, not %s (--node-id %s): other nodes would refuse this node's joins and writes", err, tlsutil.NodeURI(nodeID), nodeID)
 }

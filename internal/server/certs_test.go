@@ -94,7 +94,7 @@ func TestMetricsProtected(t *testing.T) {
 		if code != tc.code {
 			t.Fatalf("token %q: %d, want %d: %s", tc.token, code, tc.code, body)
 		}
-		if code == 200 && !strings.Contains(body, `tokenserver_tls_cert_not_after_seconds{use="server"}`) {
+		if code == 200 && !strings.Contains(body, `tokenserver_tls_cert_not_after_seconds{cert="server"}`) {
 			t.Fatal("no tokenserver_tls_cert_not_after_seconds")
 		}
 	}

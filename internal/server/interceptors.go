@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -82,7 +83,10 @@ func (n *Node) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 }
 
 // secureStream authorizes a streaming call, drops a client's forwarded
-// marker and audits writes (SnapshotRestore).
+// marker, ends the stream Unauthenticated once its principal is revoked
+// (auth.Authenticator.Revocable: a token dropped from the token file, a
+// denied certificate, a node that left the membership) and audits writes
+// (SnapshotRestore).
 func (n *Node) secureStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	ctx := ss.Context()
 	var err error
@@ -90,12 +94,19 @@ func (n *Node) secureStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		if ctx, err = n.authorize(ctx, info.FullMethod); err != nil {
 			return err
 		}
+		var stop func()
+		ctx, stop = n.auth.Revocable(ctx)
+		defer stop()
 	}
 	ctx = n.dropForeignForward(ctx)
 	if ctx != ss.Context() {
 		ss = &ctxStream{ServerStream: ss, ctx: ctx}
 	}
 	err = h(srv, ss)
+	if err == nil && errors.Is(context.Cause(ctx), auth.ErrRevoked) {
+		err = auth.ErrRevoked // a handler that ends quietly when its context does
+	}
+	err = auth.StreamError(ctx, err)
 	if auth.IsWrite(info.FullMethod) {
 		n.audit(ctx, info.FullMethod, err)
 	}
@@ -141,7 +152,8 @@ func (n *Node) authorize(ctx context.Context, method string) (context.Context, e
 // with its principal: the real author, also when a peer forwarded it.
 func (n *Node) audit(ctx context.Context, method string, err error) {
 	p, _ := auth.FromContext(ctx)
-	n.log.Info("audit", "method", method, "principal", p.Actor(), "code", codeOf(err).String())
+	attrs := append([]any{"method", method}, p.AuditAttrs()...)
+	n.log.Info("audit", append(attrs, "code", codeOf(err).String())...)
 }
 
 // actor is who to record as a write's author (Rule.UpdatedBy): the

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
@@ -32,11 +33,12 @@ func (s *adminService) JoinCluster(ctx context.Context, req *pb.JoinClusterReque
 		}
 	}
 	// A node joining itself must be the node its certificate names (a
-	// forwarded join was checked where it arrived; an admin's join, or a
+	// member's forwarded join was checked where it arrived; a node not yet
+	// a member is checked whatever the marker says; an admin's join, or a
 	// peer CA without node ids, is checked by the join probe: the Raft
 	// address must answer as that id).
-	if p, ok := auth.FromContext(ctx); ok && p.IsPeer() && p.NodeID != "" && !forwarded(ctx) && !auth.PeerNamesNode(ctx, req.GetId()) {
-		return nil, toError(failf(ErrWrongNode, "%s may join only as itself, not as %q", p, req.GetId()))
+	if err := auth.CheckJoin(ctx, req.GetId(), forwarded(ctx)); err != nil {
+		return nil, toError(failf(ErrWrongNode, "%s", status.Convert(err).Message()))
 	}
 	if err := s.n.control.AddMember(ctx, req.GetId(), req.GetRaftAddr(), req.GetGrpcAddr()); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
@@ -129,7 +131,7 @@ func (s *adminService) ClusterStatus(ctx context.Context, req *pb.ClusterStatusR
 	// Health and autopilot state are the leader's: ask it when it is
 	// another node, and answer from here when it cannot be reached.
 	if id, addr := s.n.data.Leader(); id != "" && id != s.n.data.ID() && addr != "" && !forwarded(ctx) {
-		if c, err := s.n.peers.conn(addr); err == nil {
+		if c, err := s.n.peers.connTo(id, addr); err == nil {
 			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			resp, err := pb.NewAdminServiceClient(c).ClusterStatus(markForwarded(cctx), req)
 			cancel()
@@ -161,7 +163,7 @@ func (s *adminService) ClusterStatus(ctx context.Context, req *pb.ClusterStatusR
 			var err error
 			if m.ID == st.ID {
 				ns, err = s.NodeStatus(ctx, nil)
-			} else if c, cerr := s.n.peers.conn(m.GRPCAddr); cerr == nil {
+			} else if c, cerr := s.n.peers.connTo(m.ID, m.GRPCAddr); cerr == nil {
 				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				ns, err = pb.NewAdminServiceClient(c).NodeStatus(cctx, &pb.NodeStatusRequest{})
 				cancel()

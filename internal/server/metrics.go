@@ -113,8 +113,22 @@ func newMetrics(n *Node) *metrics {
 	m.reg.MustRegister(buildInfo)
 	m.cost = newCostMetrics(m.reg)
 	m.reg.MustRegister(m.latency, m.batch, m.adminCalls, m.authFailures, m.ruleConfirms, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
-		&nodeCollector{n: n}, certCollector{sec: &n.cfg.Security},
+		&nodeCollector{n: n},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The reload state of the TLS files and of the token file, and the
+	// certificates' expiry (tokenserver_tls_cert_not_after_seconds), are
+	// theirs to export. A registration error is a duplicate name: a bug,
+	// as with MustRegister above.
+	if sec := &n.cfg.Security; sec.TLS != nil {
+		if err := sec.TLS.RegisterMetrics(m.reg); err != nil {
+			panic(err)
+		}
+	}
+	if a := n.cfg.Security.Auth; a != nil {
+		if err := a.RegisterMetrics(m.reg); err != nil {
+			panic(err)
+		}
+	}
 	return m
 }
 

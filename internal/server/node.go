@@ -130,6 +130,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 	if n.peers == nil {
 		_, peerClient := sec.peerTLS()
 		n.peers = NewPeers(peerClient)
+		n.peers.expectIDs(sec)
 	}
 	if n.hooks == nil {
 		n.hooks = NewRaftHooks()
@@ -245,10 +246,11 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
 	n.warnExpiring(time.Now())
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.expireOverrides()
 	go n.sweep()
 	go n.watchReadiness()
+	go n.watchAuth()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {

@@ -23,7 +23,10 @@ import (
 // health of members that callers avoid. The Raft node uses its Health,
 // JoinVia and DrainVia (see OpenRaft). It is safe for simultaneous use.
 type Peers struct {
-	creds  credentials.TransportCredentials
+	creds credentials.TransportCredentials
+	// forID, when set, is the config to dial node id with, checking that
+	// the server's certificate names it (tlsutil.Reloader.PeerClientConfigFor).
+	forID  func(id string) (*tls.Config, error)
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
@@ -51,17 +54,41 @@ func NewPeers(tlsCfg *tls.Config) *Peers {
 	return &Peers{creds: peerDialCreds(tlsCfg), conns: map[string]*grpc.ClientConn{}, health: map[string]*peerState{}}
 }
 
-// conn returns the connection to addr, creating it on first use.
-func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
+// expectIDs makes the connections to a known member check that the
+// server's certificate names that member (see connTo), when peers talk
+// TLS.
+func (p *Peers) expectIDs(sec *Security) {
+	if _, cli := sec.peerTLS(); cli != nil {
+		p.forID = sec.TLS.PeerClientConfigFor
+	}
+}
+
+// conn returns the connection to addr, creating it on first use; the
+// server's certificate must be a node's, any node's.
+func (p *Peers) conn(addr string) (*grpc.ClientConn, error) { return p.connTo("", addr) }
+
+// connTo is conn to member id at addr: with peer TLS, the server's
+// certificate must also name id, so that a member's address taken over by
+// another node's certificate is refused. id "" checks no id.
+func (p *Peers) connTo(id, addr string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, failf(ErrUnavailable, "node is shutting down")
 	}
-	if c, ok := p.conns[addr]; ok {
+	key, creds := addr, p.creds
+	if id != "" && p.forID != nil {
+		key = id + "@" + addr
+		cfg, err := p.forID(id)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s at %s: %w", id, addr, err)
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	if c, ok := p.conns[key]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 		// TCP keepalive and a user timeout: a peer that went silent (a
 		// partition) is noticed in seconds, not after TCP's retransmission
 		// backoff, so a healed node is dialled again at once.
@@ -76,14 +103,17 @@ func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
-	p.conns[addr] = c
+	p.conns[key] = c
 	return c, nil
 }
 
 // Health reports whether the node at addr answers its member health check
 // as serving within ctx.
-func (p *Peers) Health(ctx context.Context, addr string) bool {
-	c, err := p.conn(addr)
+func (p *Peers) Health(ctx context.Context, addr string) bool { return p.healthOf(ctx, "", addr) }
+
+// healthOf is Health of member id at addr (see connTo).
+func (p *Peers) healthOf(ctx context.Context, id, addr string) bool {
+	c, err := p.connTo(id, addr)
 	if err != nil {
 		return false
 	}
@@ -153,7 +183,7 @@ func (p *Peers) avoidable(m cluster.Member) bool {
 		st.checking = true
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), peerCheckTimeout)
-			ok := p.Health(ctx, m.GRPCAddr)
+			ok := p.healthOf(ctx, m.ID, m.GRPCAddr)
 			cancel()
 			p.healthMu.Lock()
 			st.healthy, st.checked, st.checking = ok, time.Now(), false

@@ -80,6 +80,7 @@ func OpenRaft(cfg Config, rc raftfsm.Config, join []string) (Deps, error) {
 	}
 	peerServer, peerClient := sec.peerTLS()
 	peers := NewPeers(peerClient)
+	peers.expectIDs(sec)
 	hooks := NewRaftHooks()
 	rc.PeerServerTLS, rc.PeerClientTLS = peerServer, peerClient
 	rc.AdvertiseGRPC = cfg.AdvertiseGRPC

@@ -69,7 +69,7 @@ func (n *Node) leaderHas(ctx context.Context, name string) bool {
 	if !errors.As(err, &le) {
 		return err == nil
 	}
-	conn, err := n.peers.conn(le.GRPCAddr)
+	conn, err := n.peers.connTo(le.ID, le.GRPCAddr)
 	if err != nil {
 		return false
 	}

@@ -145,7 +145,7 @@ func tryOwner[R any](ctx context.Context, n *Node, owner *cluster.Member, call f
 
 func toOwnerWithin[R any](ctx context.Context, n *Node, owner *cluster.Member, first bool, call func(context.Context, pb.TokenServiceClient) (R, error)) (R, error) {
 	var zero R
-	conn, err := n.peers.conn(owner.GRPCAddr)
+	conn, err := n.peers.connTo(owner.ID, owner.GRPCAddr)
 	if err != nil {
 		return zero, peerError("owner "+owner.ID, err)
 	}

@@ -32,6 +32,10 @@ type Security struct {
 	// Auth authenticates and authorizes every gRPC call (--auth-tokens,
 	// client certificates). Nil or not Enabled: every call runs.
 	Auth *auth.Authenticator
+	// Members is the Raft configuration's node ids that Auth checks peer
+	// certificates against (auth.Options.Members: Members.Contains); the
+	// node keeps it current. Nil: not tracked.
+	Members *Membership
 	// Insecure records --insecure: the node was told to serve non-loopback
 	// addresses with neither TLS nor authentication. NodeStatus reports it.
 	Insecure bool

@@ -28,7 +28,7 @@ func (s *adminService) SnapshotSave(req *pb.SnapshotSaveRequest, stream grpc.Ser
 		if !errors.As(err, &le) || forwarded(ctx) {
 			return toError(err)
 		}
-		conn, cerr := s.n.peers.conn(le.GRPCAddr)
+		conn, cerr := s.n.peers.connTo(le.ID, le.GRPCAddr)
 		if cerr != nil {
 			return peerError("leader "+le.ID, cerr)
 		}

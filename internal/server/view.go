@@ -31,7 +31,7 @@ const ViewHeartbeat = time.Second
 // answered_by of the current view but no members and no rules (the view
 // the caller has still holds). Without it every heartbeat is the whole
 // view, as clients that predate it expect.
-const ViewHeartbeatHeader = "x-tokenserver-view-heartbeat"
+const ViewHeartbeatHeader = pb.ViewHeartbeatHeader
 
 // GetClusterView implements pb.TokenServiceServer.
 func (s *tokenService) GetClusterView(context.Context, *pb.GetClusterViewRequest) (*pb.ClusterView, error) {

@@ -24,6 +24,13 @@ const (
 	// follower to the leader), the caller it forwards for. It counts only
 	// from a peer.
 	PrincipalHeader = "x-tokenserver-principal"
+	// ViewHeartbeatHeader, set to "1" on a WatchClusterView call, asks for
+	// small heartbeats: the view is sent whole only when it changed, and
+	// between changes a heartbeat, a ClusterView with the epoch, leader,
+	// readiness and answered_by of the current view but no members and no
+	// rules, meaning "nothing changed". Without it every message is the
+	// whole view. The client SDK sets it.
+	ViewHeartbeatHeader = "x-tokenserver-view-heartbeat"
 )
 
 // Error details.
