@@ -67,6 +67,7 @@ type Node struct {
 	join      func(context.Context) error
 	buckets   *shard.Map
 	decisions *decisions
+	vis       *visibility // nil: off (visibility.go)
 	codec     *utf8Codec
 	now       func() int64
 	grpc      *grpc.Server
@@ -133,6 +134,8 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		// Offset by a day so that window arithmetic never sees time near 0.
 		n.now = func() int64 { return int64(time.Since(start)) + int64(24*time.Hour) }
 	}
+	n.vis = newVisibility(&cfg, n.now)
+	n.decisions.vis = n.vis
 	if sec.authOn() {
 		n.auth = sec.Auth
 	}
