@@ -47,16 +47,21 @@ type (
 		rule     *rule.Rule
 		expected *uint64
 		maxRules int
+		meta     writeMeta
 	}
 	deleteRule struct {
 		name     string
 		expected *uint64
+		meta     writeMeta
 	}
 	setMember    struct{ member memberInfo }
 	removeMember struct{ id string }
 	drainMember  struct{ id string }
 	setView      struct{ live []string }
-	restoreRules struct{ rules []*rule.Rule }
+	restoreRules struct {
+		rules []*rule.Rule
+		meta  writeMeta
+	}
 )
 
 // applyFn applies one decoded entry to s at index.
@@ -145,7 +150,8 @@ func decodePutRule(p []byte) (putRule, error) {
 	if m.Rule == nil {
 		return putRule{}, errors.New("no rule")
 	}
-	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules)}, nil
+	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules),
+		meta: writeMeta{principal: m.Rule.UpdatedBy, timeNs: m.TimeUnixNs, change: m.Change, rollbackTo: m.RollbackTo}}, nil
 }
 
 func decodeDeleteRule(p []byte) (deleteRule, error) {
@@ -153,7 +159,7 @@ func decodeDeleteRule(p []byte) (deleteRule, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return deleteRule{}, err
 	}
-	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion)}, nil
+	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion), meta: writeMeta{principal: m.Principal, timeNs: m.TimeUnixNs}}, nil
 }
 
 func decodeMemberChange(p []byte) (memberInfo, error) {
@@ -195,7 +201,7 @@ func decodeRestoreRules(p []byte) (restoreRules, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return restoreRules{}, err
 	}
-	e := restoreRules{rules: make([]*rule.Rule, len(m.Rules))}
+	e := restoreRules{rules: make([]*rule.Rule, len(m.Rules)), meta: writeMeta{principal: m.Principal, timeNs: m.TimeUnixNs}}
 	for i, r := range m.Rules {
 		if r != nil {
 			e.rules[i] = ruleFromPB(r)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -41,10 +42,11 @@ type fsmState struct {
 	Members   map[string]memberInfo
 	Live      []string
 	ViewEpoch uint64
+	History   *history // changed in place, like Rules (history.go)
 }
 
 func newState() *fsmState {
-	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}}
+	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}, History: newHistory()}
 }
 
 // clone copies the state for one entry to change, except the rule set:
@@ -54,7 +56,7 @@ func newState() *fsmState {
 // Rules themselves are immutable once stored.
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
-		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch}
+		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, History: s.History}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put
@@ -184,20 +186,24 @@ func (s *fsmState) putRule(index uint64, e putRule) (applyResult, ruleChange) {
 	if err := s.Rules.Put(index, e.rule, e.expected, e.maxRules); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	s.History.put(e.rule, e.meta)
 	return applyResult{rule: e.rule.Clone()}, ruleChange{put: e.rule}
 }
 
-func (s *fsmState) deleteRule(_ uint64, e deleteRule) (applyResult, ruleChange) {
+func (s *fsmState) deleteRule(index uint64, e deleteRule) (applyResult, ruleChange) {
 	if err := s.Rules.Delete(e.name, e.expected); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	s.History.remove(index, e.name, e.meta)
 	return applyResult{}, ruleChange{deleted: e.name}
 }
 
 func (s *fsmState) restoreRules(index uint64, e restoreRules) (applyResult, ruleChange) {
+	before := slices.Collect(maps.Keys(s.Rules.All()))
 	if err := s.Rules.Replace(index, e.rules); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
+	s.History.restore(index, before, s.Rules, e.meta)
 	return applyResult{}, ruleChange{all: true}
 }
 
@@ -267,6 +273,7 @@ func indexOf(s []string, v string) int {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	s := *f.state.Load()
 	s.Rules = s.Rules.Clone()
+	s.History = s.History.clone()
 	return &snapshot{s: &s}, nil
 }
 

@@ -466,7 +466,7 @@ func (n *Node) Put(ctx context.Context, r *rule.Rule, expected *uint64) (*rule.R
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules())})
+	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules()), TimeUnixNs: time.Now().UnixNano()})
 	if err != nil {
 		return nil, err
 	}
@@ -482,7 +482,7 @@ func (n *Node) Delete(ctx context.Context, name string, expected *uint64) error 
 	if err := rule.ValidName(name); err != nil {
 		return err
 	}
-	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected})
+	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected, Principal: authorOf(ctx), TimeUnixNs: time.Now().UnixNano()})
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,7 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 		m.Members = append(m.Members, memberToPB(mi))
 	}
 	sort.Slice(m.Members, func(i, j int) bool { return m.Members[i].Id < m.Members[j].Id })
+	m.History = s.History.toPB()
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -71,6 +72,11 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 			}
 			s.Members[mm.GetId()] = memberFromPB(mm)
 		}
+		h, err := historyFromPB(m.History)
+		if err != nil {
+			return nil, fmt.Errorf("malformed rule history: %w", err)
+		}
+		s.History = h
 		return s, nil
 	}
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {

@@ -303,7 +303,14 @@ type PutRule struct {
 	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
 	// The proposing leader's cap on rules (0: none); every replica applies
 	// the cap carried here, whatever its own flags.
-	MaxRules      int64 `protobuf:"varint,3,opt,name=max_rules,json=maxRules,proto3" json:"max_rules,omitempty"`
+	MaxRules int64 `protobuf:"varint,3,opt,name=max_rules,json=maxRules,proto3" json:"max_rules,omitempty"`
+	// The proposing leader's wall clock, Unix nanoseconds, for the rule's
+	// history (apply never reads a clock).
+	TimeUnixNs int64 `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// The history's change: "" is PUT; "ROLLBACK" with rollback_to, the
+	// version whose rule this one copies.
+	Change        string `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	RollbackTo    uint64 `protobuf:"varint,6,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,13 +366,37 @@ func (x *PutRule) GetMaxRules() int64 {
 	return 0
 }
 
+func (x *PutRule) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *PutRule) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *PutRule) GetRollbackTo() uint64 {
+	if x != nil {
+		return x.RollbackTo
+	}
+	return 0
+}
+
 // DeleteRule deletes a rule.
 type DeleteRule struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Who deleted it and the leader's wall clock, for the history.
+	Principal     string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs    int64  `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteRule) Reset() {
@@ -408,6 +439,20 @@ func (x *DeleteRule) GetName() string {
 func (x *DeleteRule) GetExpectedVersion() uint64 {
 	if x != nil && x.ExpectedVersion != nil {
 		return *x.ExpectedVersion
+	}
+	return 0
+}
+
+func (x *DeleteRule) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *DeleteRule) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
 	}
 	return 0
 }
@@ -585,8 +630,11 @@ func (x *SetView) GetLive() []string {
 
 // RestoreRules replaces the whole rule table.
 type RestoreRules struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rules         []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rules []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	// Who restored and the leader's wall clock, for the history.
+	Principal     string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs    int64  `protobuf:"varint,3,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -628,6 +676,20 @@ func (x *RestoreRules) GetRules() []*Rule {
 	return nil
 }
 
+func (x *RestoreRules) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RestoreRules) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
 // Snapshot is the whole replicated state.
 type Snapshot struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -636,9 +698,12 @@ type Snapshot struct {
 	// Sorted by name.
 	Rules []*Rule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
 	// Sorted by id.
-	Members       []*Member `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
-	Live          []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
-	ViewEpoch     uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
+	Members   []*Member `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	Live      []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
+	ViewEpoch uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
+	// Sorted by name: the history of every rule, deleted ones included
+	// until their retention ends. Absent in older snapshots.
+	History       []*RuleHistory `protobuf:"bytes,6,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -708,6 +773,164 @@ func (x *Snapshot) GetViewEpoch() uint64 {
 	return 0
 }
 
+func (x *Snapshot) GetHistory() []*RuleHistory {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+// RuleVersion is one version in a rule's history.
+type RuleVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule as written; unset for a deletion.
+	Rule *Rule `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// The Raft index of the change.
+	Version    uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Principal  string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs int64  `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// PUT, DELETE, ROLLBACK or RESTORE.
+	Change string `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	// For a ROLLBACK, the version it copies.
+	RollbackTo    uint64 `protobuf:"varint,6,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleVersion) Reset() {
+	*x = RuleVersion{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleVersion) ProtoMessage() {}
+
+func (x *RuleVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleVersion.ProtoReflect.Descriptor instead.
+func (*RuleVersion) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RuleVersion) GetRule() *Rule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *RuleVersion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuleVersion) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RuleVersion) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *RuleVersion) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *RuleVersion) GetRollbackTo() uint64 {
+	if x != nil {
+		return x.RollbackTo
+	}
+	return 0
+}
+
+// RuleHistory is the last versions of one rule, oldest first.
+type RuleHistory struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Versions []*RuleVersion         `protobuf:"bytes,2,rep,name=versions,proto3" json:"versions,omitempty"`
+	// Set while the rule is deleted: the deletion's leader time.
+	DeletedUnixNs int64 `protobuf:"varint,3,opt,name=deleted_unix_ns,json=deletedUnixNs,proto3" json:"deleted_unix_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleHistory) Reset() {
+	*x = RuleHistory{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleHistory) ProtoMessage() {}
+
+func (x *RuleHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleHistory.ProtoReflect.Descriptor instead.
+func (*RuleHistory) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RuleHistory) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuleHistory) GetVersions() []*RuleVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *RuleHistory) GetDeletedUnixNs() int64 {
+	if x != nil {
+		return x.DeletedUnixNs
+	}
+	return 0
+}
+
 var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
@@ -743,16 +966,24 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
-	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\x9a\x01\n" +
+	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xf5\x01\n" +
 	"\aPutRule\x12-\n" +
 	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1b\n" +
-	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRulesB\x13\n" +
-	"\x11_expected_version\"e\n" +
+	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRules\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\x05 \x01(\tR\x06change\x12\x1f\n" +
+	"\vrollback_to\x18\x06 \x01(\x04R\n" +
+	"rollbackToB\x13\n" +
+	"\x11_expected_version\"\xa5\x01\n" +
 	"\n" +
 	"DeleteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNsB\x13\n" +
 	"\x11_expected_version\"\x89\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
@@ -763,16 +994,33 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\fMemberChange\x123\n" +
 	"\x06member\x18\x01 \x01(\v2\x1b.tokenserver.raft.v1.MemberR\x06member\"\x1d\n" +
 	"\aSetView\x12\x12\n" +
-	"\x04live\x18\x01 \x03(\tR\x04live\"?\n" +
+	"\x04live\x18\x01 \x03(\tR\x04live\"\x7f\n" +
 	"\fRestoreRules\x12/\n" +
-	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xbb\x01\n" +
+	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x03 \x01(\x03R\n" +
+	"timeUnixNs\"\xf7\x01\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
 	"\amembers\x18\x03 \x03(\v2\x1b.tokenserver.raft.v1.MemberR\amembers\x12\x12\n" +
 	"\x04live\x18\x04 \x03(\tR\x04live\x12\x1d\n" +
 	"\n" +
-	"view_epoch\x18\x05 \x01(\x04R\tviewEpochBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
+	"view_epoch\x18\x05 \x01(\x04R\tviewEpoch\x12:\n" +
+	"\ahistory\x18\x06 \x03(\v2 .tokenserver.raft.v1.RuleHistoryR\ahistory\"\xcf\x01\n" +
+	"\vRuleVersion\x12-\n" +
+	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\x05 \x01(\tR\x06change\x12\x1f\n" +
+	"\vrollback_to\x18\x06 \x01(\x04R\n" +
+	"rollbackTo\"\x87\x01\n" +
+	"\vRuleHistory\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12<\n" +
+	"\bversions\x18\x02 \x03(\v2 .tokenserver.raft.v1.RuleVersionR\bversions\x12&\n" +
+	"\x0fdeleted_unix_ns\x18\x03 \x01(\x03R\rdeletedUnixNsBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
 
 var (
 	file_tokenserver_raft_v1_entries_proto_rawDescOnce sync.Once
@@ -786,7 +1034,7 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*Rule)(nil),         // 0: tokenserver.raft.v1.Rule
 	(*Override)(nil),     // 1: tokenserver.raft.v1.Override
@@ -797,19 +1045,24 @@ var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*SetView)(nil),      // 6: tokenserver.raft.v1.SetView
 	(*RestoreRules)(nil), // 7: tokenserver.raft.v1.RestoreRules
 	(*Snapshot)(nil),     // 8: tokenserver.raft.v1.Snapshot
+	(*RuleVersion)(nil),  // 9: tokenserver.raft.v1.RuleVersion
+	(*RuleHistory)(nil),  // 10: tokenserver.raft.v1.RuleHistory
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
-	1, // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
-	0, // 1: tokenserver.raft.v1.PutRule.rule:type_name -> tokenserver.raft.v1.Rule
-	4, // 2: tokenserver.raft.v1.MemberChange.member:type_name -> tokenserver.raft.v1.Member
-	0, // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
-	0, // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
-	4, // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	1,  // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
+	0,  // 1: tokenserver.raft.v1.PutRule.rule:type_name -> tokenserver.raft.v1.Rule
+	4,  // 2: tokenserver.raft.v1.MemberChange.member:type_name -> tokenserver.raft.v1.Member
+	0,  // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
+	0,  // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
+	4,  // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
+	10, // 6: tokenserver.raft.v1.Snapshot.history:type_name -> tokenserver.raft.v1.RuleHistory
+	0,  // 7: tokenserver.raft.v1.RuleVersion.rule:type_name -> tokenserver.raft.v1.Rule
+	9,  // 8: tokenserver.raft.v1.RuleHistory.versions:type_name -> tokenserver.raft.v1.RuleVersion
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -825,7 +1078,7 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
