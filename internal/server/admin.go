@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -156,7 +157,7 @@ func (s *adminService) ListRules(ctx context.Context, req *pb.ListRulesRequest) 
 
 // DeleteRule implements pb.AdminServiceServer.
 func (s *adminService) DeleteRule(ctx context.Context, req *pb.DeleteRuleRequest) (*pb.DeleteRuleResponse, error) {
-	if err := s.n.control.Delete(ctx, req.GetName(), req.ExpectedVersion); err != nil {
+	if err := s.n.control.Delete(raftfsm.WithAuthor(ctx, actor(ctx)), req.GetName(), req.ExpectedVersion); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.DeleteRule(ctx, req)
 			return err
