@@ -157,6 +157,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 		newTokenCmd(a),
 		newNodeCmd(a),
 		newVersionCmd(a),
+		newTopCmd(a),
 	)
 	return root
 }
