@@ -152,3 +152,16 @@ func (d *decisions) dropVisibility(rd *ruleDecisions) {
 		d.vis.live.Add(-1)
 	}
 }
+
+// visible returns the visibility of every rule generation that has one.
+func (d *decisions) visible() []*ruleVisibility {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*ruleVisibility, 0, len(d.byGen))
+	for _, rd := range d.byGen {
+		if rv := rd.vis.Load(); rv != nil {
+			out = append(out, rv)
+		}
+	}
+	return out
+}
