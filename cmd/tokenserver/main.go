@@ -68,6 +68,7 @@ type options struct {
 	logLevel  string
 	version   bool
 	sec       securityFlags
+	tracing   tracingFlags
 }
 
 // securityFlags are the TLS and authentication flags.
@@ -121,6 +122,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.MaxViewStreams, "max-view-streams", server.DefaultMaxViewStreams, "most WatchClusterView streams served at once; past it a new stream gets RESOURCE_EXHAUSTED (SDK clients watch another member)")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
+	fs.StringVar(&o.tracing.endpoint, "otlp-endpoint", "", "host:port of an OpenTelemetry collector's OTLP gRPC receiver: send spans of acquires and rule writes there (empty: tracing off)")
+	fs.BoolVar(&o.tracing.insecure, "otlp-insecure", false, "send spans to --otlp-endpoint over plain gRPC instead of TLS")
+	fs.Float64Var(&o.tracing.sample, "otlp-sample", 1, "fraction of traces started here to record (a caller's sampled trace is always followed)")
 	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --pprof-addr")
 	fs.StringVar(&o.cfg.PprofAddr, "pprof-addr", o.cfg.PprofAddr, "listen address of /debug/pprof/ with --pprof (plain HTTP: a loopback address unless --insecure)")
 	fs.StringVar(&o.sec.tlsCert, "tls-cert", "", "PEM certificate (with its chain) to serve TLS on the gRPC port, and on the HTTP port unless --http-tls=false; re-read when it changes")
@@ -262,6 +266,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeSec()
+	stopTracing, err := o.setupTracing(log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(o.gcPercent)
 	}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/topk"
 )
@@ -66,6 +68,9 @@ type Config struct {
 	// VisibilityMaxRules caps the rules with a sketch and a series on the
 	// node (0: DefaultVisibilityMaxRules).
 	VisibilityMaxRules int
+	// TracerProvider, when set, gets an OpenTelemetry span per decision
+	// call and rule write (tracing.go); nil turns tracing off.
+	TracerProvider trace.TracerProvider
 	// Logger receives the node's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Clock returns monotonic nanoseconds; nil means the process clock.

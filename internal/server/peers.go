@@ -60,7 +60,7 @@ func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds), grpc.WithUnaryInterceptor(InjectTraceContext),
 		// A node back after an outage must be reachable again within a
 		// second or so, not after gRPC's default backoff of up to 120 s:
 		// the view takes it back --up-after after its health check passes.
