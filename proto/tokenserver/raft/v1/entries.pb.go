@@ -702,8 +702,9 @@ type Snapshot struct {
 	Live      []string  `protobuf:"bytes,4,rep,name=live,proto3" json:"live,omitempty"`
 	ViewEpoch uint64    `protobuf:"varint,5,opt,name=view_epoch,json=viewEpoch,proto3" json:"view_epoch,omitempty"`
 	// Sorted by name: the history of every rule, deleted ones included
-	// until their retention ends. Absent in older snapshots.
-	History       []*RuleHistory `protobuf:"bytes,6,rep,name=history,proto3" json:"history,omitempty"`
+	// until their retention ends. Absent in older snapshots. (Numbers 6-8
+	// are the Envoy domains' and overrides' on another branch.)
+	History       []*RuleHistory `protobuf:"bytes,9,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1007,7 +1008,7 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\x04live\x18\x04 \x03(\tR\x04live\x12\x1d\n" +
 	"\n" +
 	"view_epoch\x18\x05 \x01(\x04R\tviewEpoch\x12:\n" +
-	"\ahistory\x18\x06 \x03(\v2 .tokenserver.raft.v1.RuleHistoryR\ahistory\"\xcf\x01\n" +
+	"\ahistory\x18\t \x03(\v2 .tokenserver.raft.v1.RuleHistoryR\ahistory\"\xcf\x01\n" +
 	"\vRuleVersion\x12-\n" +
 	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1c\n" +
