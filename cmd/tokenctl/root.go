@@ -168,6 +168,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 		newNodeCmd(a),
 		newVersionCmd(a),
 		newEnvoyCmd(a),
+		newTopCmd(a),
 	)
 	return root
 }

@@ -21,6 +21,7 @@ func newRuleCmd(a *app) *cobra.Command {
 		RunE:  groupRunE,
 	}
 	cmd.AddCommand(newRulePutCmd(a), newRuleApplyCmd(a), newRuleGetCmd(a), newRuleListCmd(a), newRuleDeleteCmd(a))
+	cmd.AddCommand(newRuleHistoryCmds(a)...)
 	return cmd
 }
 

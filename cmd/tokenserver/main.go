@@ -94,6 +94,7 @@ type options struct {
 	version   bool
 	sec       securityFlags
 	envoy     envoyFlags
+	tracing   tracingFlags
 }
 
 // envoyFlags are the --envoy-* flags that need parsing.
@@ -165,6 +166,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.cfg.MetricsAuth, "metrics-auth", "open", "who may read /metrics (rule names and traffic): open, or token (a bearer token of --auth-tokens with the viewer role)")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
+	fs.StringVar(&o.tracing.endpoint, "otlp-endpoint", "", "host:port of an OpenTelemetry collector's OTLP gRPC receiver: send spans of acquires and rule writes there (empty: tracing off)")
+	fs.BoolVar(&o.tracing.insecure, "otlp-insecure", false, "send spans to --otlp-endpoint over plain gRPC instead of TLS")
+	fs.Float64Var(&o.tracing.sample, "otlp-sample", 1, "fraction of traces started here to record (a caller's sampled trace is always followed)")
 	fs.BoolVar(&o.cfg.Pprof, "pprof", false, "serve Go profiles under /debug/pprof/ on --pprof-addr")
 	fs.StringVar(&o.cfg.PprofAddr, "pprof-addr", o.cfg.PprofAddr, "listen address of /debug/pprof/ with --pprof (plain HTTP: a loopback address unless --insecure)")
 	fs.StringVar(&o.cfg.Envoy.ConfigDir, "envoy-config-dir", "", "envoyproxy/ratelimit's config directory (every *.yaml and *.yml), watched; the leader writes its domains through Raft")
@@ -383,6 +387,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeSec()
+	stopTracing, err := o.setupTracing(log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(o.gcPercent)
 	}

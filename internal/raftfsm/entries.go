@@ -49,17 +49,22 @@ type (
 		maxRules      int
 		maxTableBytes int64
 		requestID     string
+		meta          writeMeta
 	}
 	deleteRule struct {
 		name      string
 		expected  *uint64
 		requestID string
+		meta      writeMeta
 	}
 	setMember    struct{ member memberInfo }
 	removeMember struct{ id string }
 	drainMember  struct{ id string }
 	setView      struct{ live []string }
-	restoreRules struct{ rules []*rule.Rule }
+	restoreRules struct {
+		rules []*rule.Rule
+		meta  writeMeta
+	}
 )
 
 // applyFn applies one decoded entry to s at index.
@@ -155,7 +160,8 @@ func decodePutRule(p []byte) (putRule, error) {
 		return putRule{}, errors.New("no rule")
 	}
 	return putRule{rule: ruleFromPB(m.Rule), expected: copyU64(m.ExpectedVersion), maxRules: clampInt(m.MaxRules),
-		maxTableBytes: m.MaxTableBytes, requestID: m.RequestId}, nil
+		maxTableBytes: m.MaxTableBytes, requestID: m.RequestId,
+		meta: writeMeta{principal: m.Rule.UpdatedBy, timeNs: m.TimeUnixNs, change: m.Change, rollbackTo: m.RollbackTo}}, nil
 }
 
 func decodeDeleteRule(p []byte) (deleteRule, error) {
@@ -163,7 +169,8 @@ func decodeDeleteRule(p []byte) (deleteRule, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return deleteRule{}, err
 	}
-	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion), requestID: m.RequestId}, nil
+	return deleteRule{name: m.Name, expected: copyU64(m.ExpectedVersion), requestID: m.RequestId,
+		meta: writeMeta{principal: m.Principal, timeNs: m.TimeUnixNs}}, nil
 }
 
 func decodeMemberChange(p []byte) (memberInfo, error) {
@@ -205,7 +212,7 @@ func decodeRestoreRules(p []byte) (restoreRules, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return restoreRules{}, err
 	}
-	e := restoreRules{rules: make([]*rule.Rule, len(m.Rules))}
+	e := restoreRules{rules: make([]*rule.Rule, len(m.Rules)), meta: writeMeta{principal: m.Principal, timeNs: m.TimeUnixNs}}
 	for i, r := range m.Rules {
 		if r != nil {
 			e.rules[i] = ruleFromPB(r)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -62,10 +63,11 @@ type fsmState struct {
 	// Requests are the recent rule writes' request ids and results
 	// (requests.go), changed in place like Rules.
 	Requests *requestLog
+	History  *history // changed in place, like Rules (history.go)
 }
 
 func newState() *fsmState {
-	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}, Overrides: rule.NewOverrides(), Requests: newRequestLog()}
+	return &fsmState{Rules: rule.NewSet(), Members: map[string]memberInfo{}, Overrides: rule.NewOverrides(), Requests: newRequestLog(), History: newHistory()}
 }
 
 // ruleBytes is the size the rule-table byte cap counts.
@@ -93,7 +95,7 @@ func (s *fsmState) sumRuleBytes() {
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
 		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex, Overrides: s.Overrides,
-		RuleBytes: s.RuleBytes, Requests: s.Requests}
+		RuleBytes: s.RuleBytes, Requests: s.Requests, History: s.History}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put
@@ -250,6 +252,7 @@ func (s *fsmState) doPut(index uint64, e putRule) (applyResult, ruleChange) {
 		return applyResult{err: err}, ruleChange{}
 	}
 	s.RuleBytes = total
+	s.History.put(e.rule, e.meta)
 	return applyResult{rule: e.rule.Clone()}, ruleChange{put: e.rule}
 }
 
@@ -277,6 +280,7 @@ func (s *fsmState) deleteRule(index uint64, e deleteRule) (applyResult, ruleChan
 	} else {
 		s.RuleBytes -= ruleBytes(old)
 		s.Overrides.DropRule(e.name)
+		s.History.remove(index, e.name, e.meta)
 	}
 	if e.requestID != "" {
 		s.Requests.add(recordOf(e.requestID, index, res))
@@ -285,12 +289,14 @@ func (s *fsmState) deleteRule(index uint64, e deleteRule) (applyResult, ruleChan
 }
 
 func (s *fsmState) restoreRules(index uint64, e restoreRules) (applyResult, ruleChange) {
+	before := slices.Collect(maps.Keys(s.Rules.All()))
 	if err := s.Rules.Replace(index, e.rules); err != nil {
 		return applyResult{err: err}, ruleChange{}
 	}
 	// Restored rules start afresh, runtime overrides included.
 	s.Overrides = rule.NewOverrides()
 	s.sumRuleBytes()
+	s.History.restore(index, before, s.Rules, e.meta)
 	return applyResult{}, ruleChange{all: true}
 }
 
@@ -362,6 +368,7 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	s.Rules = s.Rules.Clone()
 	s.Overrides = s.Overrides.Clone()
 	s.Requests = s.Requests.clone()
+	s.History = s.History.clone()
 	return &snapshot{s: &s}, nil
 }
 

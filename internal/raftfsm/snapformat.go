@@ -35,6 +35,7 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 	for _, o := range s.Overrides.All() {
 		m.Overrides = append(m.Overrides, overrideToPB(o))
 	}
+	m.History = s.History.toPB()
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -89,6 +90,11 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 			return nil, fmt.Errorf("malformed request log: %w", err)
 		}
 		s.sumRuleBytes()
+		h, herr := historyFromPB(m.History)
+		if herr != nil {
+			return nil, fmt.Errorf("malformed rule history: %w", herr)
+		}
+		s.History = h
 		return s, nil
 	}
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {

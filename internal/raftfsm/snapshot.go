@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/tokenserver/tokenserver/internal/rule"
@@ -55,7 +56,7 @@ func (n *Node) RestoreRules(ctx context.Context, snapshot io.Reader) (int, uint6
 	if err != nil {
 		return 0, 0, rule.Invalid("not a tokenserver snapshot: %v", err)
 	}
-	var e raftv1.RestoreRules
+	e := raftv1.RestoreRules{Principal: authorOf(ctx), TimeUnixNs: time.Now().UnixNano()}
 	for _, r := range st.Rules.All() {
 		r.Normalize()
 		if err := r.Validate(); err != nil {

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
 	raftv1 "github.com/tokenserver/tokenserver/proto/tokenserver/raft/v1"
@@ -37,7 +38,7 @@ func (n *Node) PutRequest(ctx context.Context, requestID string, r *rule.Rule, e
 		return nil, err
 	}
 	entry, err := encodeEntry(entryPutRule, &raftv1.PutRule{Rule: ruleToPB(r), ExpectedVersion: expected, MaxRules: int64(n.cfg.maxRules()),
-		MaxTableBytes: n.cfg.maxTableBytes(), RequestId: requestID})
+		MaxTableBytes: n.cfg.maxTableBytes(), RequestId: requestID, TimeUnixNs: time.Now().UnixNano()})
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +74,8 @@ func (n *Node) DeleteRequest(ctx context.Context, requestID, name string, expect
 	if err := rule.ValidName(name); err != nil {
 		return err
 	}
-	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected, RequestId: requestID})
+	entry, err := encodeEntry(entryDeleteRule, &raftv1.DeleteRule{Name: name, ExpectedVersion: expected, RequestId: requestID,
+		Principal: authorOf(ctx), TimeUnixNs: time.Now().UnixNano()})
 	if err != nil {
 		return err
 	}

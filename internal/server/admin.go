@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -165,7 +166,7 @@ func (s *adminService) DeleteRule(ctx context.Context, req *pb.DeleteRuleRequest
 	if err := auth.CheckName(ctx, req.GetName()); err != nil {
 		return nil, err
 	}
-	if err := s.n.control.DeleteRequest(ctx, req.GetRequestId(), req.GetName(), req.ExpectedVersion); err != nil {
+	if err := s.n.control.DeleteRequest(raftfsm.WithAuthor(ctx, actor(ctx)), req.GetRequestId(), req.GetName(), req.ExpectedVersion); err != nil {
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.DeleteRule(ctx, req)
 			return err

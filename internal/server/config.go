@@ -7,7 +7,10 @@ import (
 	"net"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/topk"
 )
 
 // Config configures a Node. Start from DefaultConfig; Validate names the
@@ -96,6 +99,19 @@ type Config struct {
 	// Security is TLS and authentication; the zero value is plain TCP with
 	// every call allowed.
 	Security Security
+	// Visibility keeps a top-keys sketch and a one-hour series per rule
+	// with traffic (TopKeys, RuleSeries, the console; visibility.go has
+	// the memory figures). DefaultConfig turns it on.
+	Visibility bool
+	// TopKeysCapacity is the keys each top-keys bucket monitors per side
+	// (0: DefaultTopKeysCapacity; at most topk.MaxCapacity).
+	TopKeysCapacity int
+	// VisibilityMaxRules caps the rules with a sketch and a series on the
+	// node (0: DefaultVisibilityMaxRules).
+	VisibilityMaxRules int
+	// TracerProvider, when set, gets an OpenTelemetry span per decision
+	// call and rule write (tracing.go); nil turns tracing off.
+	TracerProvider trace.TracerProvider
 	// Logger receives the node's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Clock returns monotonic nanoseconds; nil means the process clock.
@@ -139,6 +155,7 @@ func DefaultConfig() Config {
 		SweepInterval:   time.Second,
 		ShutdownGrace:   5 * time.Second,
 		DrainLinger:     time.Second,
+		Visibility:      true,
 	}
 }
 
@@ -186,6 +203,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("MetricsAuth must be open or token, got %q", c.MetricsAuth)
 	case c.MetricsAuth == "token" && !c.Security.authOn():
 		return errors.New("MetricsAuth token needs bearer tokens: set Security.Auth (--auth-tokens)")
+	case c.TopKeysCapacity < 0 || c.TopKeysCapacity > topk.MaxCapacity:
+		return fmt.Errorf("TopKeysCapacity must be between 0 and %d, got %d", topk.MaxCapacity, c.TopKeysCapacity)
+	case c.VisibilityMaxRules < 0:
+		return fmt.Errorf("VisibilityMaxRules must be >= 0, got %d", c.VisibilityMaxRules)
 	case c.DrainLinger < 0:
 		return fmt.Errorf("DrainLinger must be >= 0, got %v", c.DrainLinger)
 	}

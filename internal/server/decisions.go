@@ -21,6 +21,7 @@ type decisions struct {
 
 	mu    sync.Mutex
 	byGen map[decisionKey]*ruleDecisions
+	vis   *visibility // nil: off (visibility.go)
 }
 
 // decisionKey names one generation of a rule.
@@ -32,6 +33,7 @@ type decisionKey struct {
 // ruleDecisions are the counters of one rule generation.
 type ruleDecisions struct {
 	allowed, denied, shadowDenied atomic.Int64
+	vis                           atomic.Pointer[ruleVisibility] // visibility.go
 }
 
 // DecisionCounts are a rule generation's decisions on this node:
@@ -61,8 +63,8 @@ func (d *decisions) of(c *rule.Compiled) *ruleDecisions {
 	return rd
 }
 
-// record counts one decision under c.
-func (d *decisions) record(c *rule.Compiled, allowed, shadowDenied bool) {
+// record counts one decision under c and returns c's counters.
+func (d *decisions) record(c *rule.Compiled, allowed, shadowDenied bool) *ruleDecisions {
 	rd := d.of(c)
 	switch {
 	case shadowDenied:
@@ -72,6 +74,7 @@ func (d *decisions) record(c *rule.Compiled, allowed, shadowDenied bool) {
 	default:
 		rd.denied.Add(1)
 	}
+	return rd
 }
 
 // counts returns the decisions of c's generation so far.
@@ -99,6 +102,7 @@ func (d *decisions) prune(t *rule.Table) {
 	defer d.mu.Unlock()
 	for k := range d.byGen {
 		if c := t.Get(k.rule); c == nil || c.Rule.Generation != k.generation {
+			d.dropVisibility(d.byGen[k])
 			delete(d.byGen, k)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // httpHandler serves /healthz (the process is up), /readyz (the node
-// answers requests) and /metrics.
+// answers requests), /metrics and the web console under /ui/.
 func (n *Node) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -22,6 +22,7 @@ func (n *Node) httpHandler() http.Handler {
 	})
 	mux.Handle("GET /metrics", n.protectMetrics(n.metrics.handler()))
 	mux.Handle("/json", envoyrls.NewJSONHandler(n.envoy.shouldRateLimitJSON))
+	mux.Handle("/ui/", n.consoleHandler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.notReadyReason(); why != "" {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)

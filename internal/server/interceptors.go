@@ -44,7 +44,7 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 	}
 	obs, measured := n.metrics.methods[info.FullMethod]
 	if !measured {
-		resp, err = h(ctx, req)
+		resp, err = n.traceCall(ctx, info.FullMethod, req, h)
 		if auth.IsWrite(info.FullMethod) {
 			n.audit(ctx, info.FullMethod, err)
 		}
@@ -54,7 +54,7 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 		return resp, err
 	}
 	start := time.Now()
-	resp, err = h(ctx, req)
+	resp, err = n.traceCall(ctx, info.FullMethod, req, h)
 	obs.Observe(time.Since(start).Seconds())
 	if err != nil {
 		n.metrics.observeError(codeOf(err))

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
@@ -67,6 +68,8 @@ type Node struct {
 	join      func(context.Context) error
 	buckets   *shard.Map
 	decisions *decisions
+	vis       *visibility  // nil: off (visibility.go)
+	tracer    trace.Tracer // nil: off (tracing.go)
 	codec     *utf8Codec
 	now       func() int64
 	grpc      *grpc.Server
@@ -143,6 +146,9 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		// clock still never steps.
 		n.now = func() int64 { return start.UnixNano() + int64(time.Since(start)) }
 	}
+	n.vis = newVisibility(&cfg, n.now)
+	n.tracer = newTracer(cfg.TracerProvider)
+	n.decisions.vis = n.vis
 	if sec.authOn() {
 		n.auth = sec.Auth
 	}

@@ -88,7 +88,7 @@ func (p *Peers) connTo(id, addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[key]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithUnaryInterceptor(InjectTraceContext),
 		// TCP keepalive and a user timeout: a peer that went silent (a
 		// partition) is noticed in seconds, not after TCP's retransmission
 		// backoff, so a healed node is dialled again at once.

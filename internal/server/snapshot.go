@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -88,7 +89,7 @@ func (s *adminService) SnapshotRestore(stream grpc.ClientStreamingServer[pb.Snap
 	if data.Len() == 0 {
 		return toError(failf(ErrBadRequest, "snapshot is empty"))
 	}
-	n, version, err := s.n.control.RestoreRules(ctx, bytes.NewReader(data.Bytes()))
+	n, version, err := s.n.control.RestoreRules(raftfsm.WithAuthor(ctx, actor(ctx)), bytes.NewReader(data.Bytes()))
 	if err != nil {
 		var resp *pb.SnapshotRestoreResponse
 		err = s.n.onLeader(ctx, err, func(ctx context.Context, c pb.AdminServiceClient) error {

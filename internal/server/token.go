@@ -77,7 +77,7 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	if err != nil {
 		return shard.Grant{}, err
 	}
-	n.decisions.record(c, d.Allowed, d.ShadowDenied)
+	n.recordDecision(c, req.GetKey(), permits, &d)
 	resp.Allowed = d.Allowed
 	resp.Granted = d.Granted
 	resp.Remaining = d.Remaining

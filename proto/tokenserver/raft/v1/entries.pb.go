@@ -353,6 +353,13 @@ type PutRule struct {
 	// The proposing leader's cap on the rule table's total bytes, as
 	// rule.Rule.EncodedSize counts them (0: none); applied like max_rules.
 	MaxTableBytes int64 `protobuf:"varint,5,opt,name=max_table_bytes,json=maxTableBytes,proto3" json:"max_table_bytes,omitempty"`
+	// The proposing leader's wall clock, Unix nanoseconds, for the rule's
+	// history (apply never reads a clock).
+	TimeUnixNs int64 `protobuf:"varint,6,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// The history's change: "" is PUT; "ROLLBACK" with rollback_to, the
+	// version whose rule this one copies.
+	Change        string `protobuf:"bytes,7,opt,name=change,proto3" json:"change,omitempty"`
+	RollbackTo    uint64 `protobuf:"varint,8,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -422,13 +429,37 @@ func (x *PutRule) GetMaxTableBytes() int64 {
 	return 0
 }
 
+func (x *PutRule) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *PutRule) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *PutRule) GetRollbackTo() uint64 {
+	if x != nil {
+		return x.RollbackTo
+	}
+	return 0
+}
+
 // DeleteRule deletes a rule.
 type DeleteRule struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
 	// The caller's idempotency key, as in PutRule.
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Who deleted it and the leader's wall clock, for the history.
+	Principal     string `protobuf:"bytes,4,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs    int64  `protobuf:"varint,5,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -482,6 +513,20 @@ func (x *DeleteRule) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *DeleteRule) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *DeleteRule) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
 }
 
 // Member is what the FSM keeps about a member.
@@ -657,8 +702,11 @@ func (x *SetView) GetLive() []string {
 
 // RestoreRules replaces the whole rule table.
 type RestoreRules struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rules         []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rules []*Rule                `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	// Who restored and the leader's wall clock, for the history.
+	Principal     string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs    int64  `protobuf:"varint,3,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -700,6 +748,20 @@ func (x *RestoreRules) GetRules() []*Rule {
 	return nil
 }
 
+func (x *RestoreRules) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RestoreRules) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
 // Snapshot is the whole replicated state.
 type Snapshot struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -718,7 +780,10 @@ type Snapshot struct {
 	// Runtime overrides, sorted by rule and key.
 	Overrides []*RuntimeOverride `protobuf:"bytes,8,rep,name=overrides,proto3" json:"overrides,omitempty"`
 	// The most recent rule writes that carried a request id, oldest first.
-	Requests      []*RequestRecord `protobuf:"bytes,9,rep,name=requests,proto3" json:"requests,omitempty"`
+	Requests []*RequestRecord `protobuf:"bytes,9,rep,name=requests,proto3" json:"requests,omitempty"`
+	// Sorted by name: the history of every rule, deleted ones included
+	// until their retention ends. Absent in older snapshots.
+	History       []*RuleHistory `protobuf:"bytes,10,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -812,6 +877,13 @@ func (x *Snapshot) GetOverrides() []*RuntimeOverride {
 func (x *Snapshot) GetRequests() []*RequestRecord {
 	if x != nil {
 		return x.Requests
+	}
+	return nil
+}
+
+func (x *Snapshot) GetHistory() []*RuleHistory {
+	if x != nil {
+		return x.History
 	}
 	return nil
 }
@@ -1357,6 +1429,157 @@ func (x *RequestRecord) GetErrorMessage() string {
 	return ""
 }
 
+// RuleVersion is one version in a rule's history.
+type RuleVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule as written; unset for a deletion.
+	Rule *Rule `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// The Raft index of the change.
+	Version    uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Principal  string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs int64  `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// PUT, DELETE, ROLLBACK or RESTORE.
+	Change string `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	// For a ROLLBACK, the version it copies.
+	RollbackTo    uint64 `protobuf:"varint,6,opt,name=rollback_to,json=rollbackTo,proto3" json:"rollback_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleVersion) Reset() {
+	*x = RuleVersion{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleVersion) ProtoMessage() {}
+
+func (x *RuleVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleVersion.ProtoReflect.Descriptor instead.
+func (*RuleVersion) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RuleVersion) GetRule() *Rule {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
+func (x *RuleVersion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuleVersion) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RuleVersion) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *RuleVersion) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *RuleVersion) GetRollbackTo() uint64 {
+	if x != nil {
+		return x.RollbackTo
+	}
+	return 0
+}
+
+// RuleHistory is the last versions of one rule, oldest first.
+type RuleHistory struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Versions []*RuleVersion         `protobuf:"bytes,2,rep,name=versions,proto3" json:"versions,omitempty"`
+	// Set while the rule is deleted: the deletion's leader time.
+	DeletedUnixNs int64 `protobuf:"varint,3,opt,name=deleted_unix_ns,json=deletedUnixNs,proto3" json:"deleted_unix_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleHistory) Reset() {
+	*x = RuleHistory{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleHistory) ProtoMessage() {}
+
+func (x *RuleHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleHistory.ProtoReflect.Descriptor instead.
+func (*RuleHistory) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RuleHistory) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RuleHistory) GetVersions() []*RuleVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *RuleHistory) GetDeletedUnixNs() int64 {
+	if x != nil {
+		return x.DeletedUnixNs
+	}
+	return 0
+}
+
 var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
@@ -1397,21 +1620,29 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
-	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xe1\x01\n" +
+	"\x05burst\x18\x03 \x01(\x03R\x05burst\"\xbc\x02\n" +
 	"\aPutRule\x12-\n" +
 	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1b\n" +
 	"\tmax_rules\x18\x03 \x01(\x03R\bmaxRules\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12&\n" +
-	"\x0fmax_table_bytes\x18\x05 \x01(\x03R\rmaxTableBytesB\x13\n" +
-	"\x11_expected_version\"\x84\x01\n" +
+	"\x0fmax_table_bytes\x18\x05 \x01(\x03R\rmaxTableBytes\x12 \n" +
+	"\ftime_unix_ns\x18\x06 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\a \x01(\tR\x06change\x12\x1f\n" +
+	"\vrollback_to\x18\b \x01(\x04R\n" +
+	"rollbackToB\x13\n" +
+	"\x11_expected_version\"\xc4\x01\n" +
 	"\n" +
 	"DeleteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestIdB\x13\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1c\n" +
+	"\tprincipal\x18\x04 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x05 \x01(\x03R\n" +
+	"timeUnixNsB\x13\n" +
 	"\x11_expected_version\"\x89\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
@@ -1422,9 +1653,12 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\fMemberChange\x123\n" +
 	"\x06member\x18\x01 \x01(\v2\x1b.tokenserver.raft.v1.MemberR\x06member\"\x1d\n" +
 	"\aSetView\x12\x12\n" +
-	"\x04live\x18\x01 \x03(\tR\x04live\"?\n" +
+	"\x04live\x18\x01 \x03(\tR\x04live\"\x7f\n" +
 	"\fRestoreRules\x12/\n" +
-	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\"\xa7\x03\n" +
+	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x03 \x01(\x03R\n" +
+	"timeUnixNs\"\xe3\x03\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
@@ -1436,7 +1670,9 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\venvoy_index\x18\a \x01(\x04R\n" +
 	"envoyIndex\x12B\n" +
 	"\toverrides\x18\b \x03(\v2$.tokenserver.raft.v1.RuntimeOverrideR\toverrides\x12>\n" +
-	"\brequests\x18\t \x03(\v2\".tokenserver.raft.v1.RequestRecordR\brequests\"\x7f\n" +
+	"\brequests\x18\t \x03(\v2\".tokenserver.raft.v1.RequestRecordR\brequests\x12:\n" +
+	"\ahistory\x18\n" +
+	" \x03(\v2 .tokenserver.raft.v1.RuleHistoryR\ahistory\"\x7f\n" +
 	"\vEnvoyDomain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04yaml\x18\x02 \x01(\tR\x04yaml\x12\x18\n" +
@@ -1477,7 +1713,20 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\rR\x05error\x12#\n" +
-	"\rerror_message\x18\x06 \x01(\tR\ferrorMessageBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
+	"\rerror_message\x18\x06 \x01(\tR\ferrorMessage\"\xcf\x01\n" +
+	"\vRuleVersion\x12-\n" +
+	"\x04rule\x18\x01 \x01(\v2\x19.tokenserver.raft.v1.RuleR\x04rule\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\x05 \x01(\tR\x06change\x12\x1f\n" +
+	"\vrollback_to\x18\x06 \x01(\x04R\n" +
+	"rollbackTo\"\x87\x01\n" +
+	"\vRuleHistory\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12<\n" +
+	"\bversions\x18\x02 \x03(\v2 .tokenserver.raft.v1.RuleVersionR\bversions\x12&\n" +
+	"\x0fdeleted_unix_ns\x18\x03 \x01(\x03R\rdeletedUnixNsBEZCgithub.com/tokenserver/tokenserver/proto/tokenserver/raft/v1;raftv1b\x06proto3"
 
 var (
 	file_tokenserver_raft_v1_entries_proto_rawDescOnce sync.Once
@@ -1491,7 +1740,7 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*Rule)(nil),              // 0: tokenserver.raft.v1.Rule
 	(*Override)(nil),          // 1: tokenserver.raft.v1.Override
@@ -1510,6 +1759,8 @@ var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
 	(*PutOverride)(nil),       // 14: tokenserver.raft.v1.PutOverride
 	(*DeleteOverrides)(nil),   // 15: tokenserver.raft.v1.DeleteOverrides
 	(*RequestRecord)(nil),     // 16: tokenserver.raft.v1.RequestRecord
+	(*RuleVersion)(nil),       // 17: tokenserver.raft.v1.RuleVersion
+	(*RuleHistory)(nil),       // 18: tokenserver.raft.v1.RuleHistory
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	1,  // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
@@ -1521,14 +1772,17 @@ var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	9,  // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
 	13, // 7: tokenserver.raft.v1.Snapshot.overrides:type_name -> tokenserver.raft.v1.RuntimeOverride
 	16, // 8: tokenserver.raft.v1.Snapshot.requests:type_name -> tokenserver.raft.v1.RequestRecord
-	9,  // 9: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
-	9,  // 10: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
-	13, // 11: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	18, // 9: tokenserver.raft.v1.Snapshot.history:type_name -> tokenserver.raft.v1.RuleHistory
+	9,  // 10: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
+	9,  // 11: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	13, // 12: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
+	0,  // 13: tokenserver.raft.v1.RuleVersion.rule:type_name -> tokenserver.raft.v1.Rule
+	17, // 14: tokenserver.raft.v1.RuleHistory.versions:type_name -> tokenserver.raft.v1.RuleVersion
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -1546,7 +1800,7 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
