@@ -499,9 +499,15 @@ func TestHTTPSAuditReflection(t *testing.T) {
 	}
 	_, err = pb.NewAdminServiceClient(dialWith(t, f.GRPCAddr, c.PKI.DialOptions("viewer")...)).DeleteRule(ctx(t), &pb.DeleteRuleRequest{Name: "audited"})
 	wantCode(t, "viewer: DeleteRule", err, codes.PermissionDenied)
-	want := "msg=audit method=/tokenserver.v1.AdminService/PutRule principal=token:editor-user code=OK"
-	if got := strings.Count(logs.String(), want); got != 2 {
-		t.Errorf("%d audit lines %q, want 2 (the follower and the leader):\n%s", got, want, logs.String())
+	// The follower audits the caller; the leader audits the caller and the
+	// peer that forwarded the write (issue 20 item 9: principal=X via=node:Y).
+	for _, want := range []string{
+		"msg=audit method=/tokenserver.v1.AdminService/PutRule principal=token:editor-user code=OK",
+		"msg=audit method=/tokenserver.v1.AdminService/PutRule principal=token:editor-user via=peer:node:" + f.ID + " code=OK",
+	} {
+		if got := strings.Count(logs.String(), want); got != 1 {
+			t.Errorf("%d audit lines %q, want 1:\n%s", got, want, logs.String())
+		}
 	}
 	if !strings.Contains(logs.String(), `msg="audit: write refused" method=/tokenserver.v1.AdminService/DeleteRule`) {
 		t.Errorf("no log of the refused write:\n%s", logs.String())
