@@ -26,7 +26,7 @@ type topJSON struct {
 	Keys         []topKeyJSON `json:"keys"`
 	Floor        int64        `json:"floor"`
 	Total        int64        `json:"total"`
-	MissingNodes []string     `json:"missing_nodes"`
+	MissingNodes []string     `json:"missingNodes"`
 }
 
 func newTopCmd(a *app) *cobra.Command {
