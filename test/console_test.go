@@ -215,6 +215,14 @@ func TestConsoleCluster(t *testing.T) {
 // navigation to the page's JS being done, in headless Chromium.
 func TestConsoleRulesPageLoad(t *testing.T) {
 	s := startServer(t, "--node-id", "n0", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0", "--data-dir", t.TempDir())
+	// Acquires need the routing view: a fresh node answers NOT_READY until
+	// /readyz says ready.
+	for deadline := time.Now().Add(30 * time.Second); !readyz(s.httpAddr); {
+		if time.Now().After(deadline) {
+			t.Fatal("node not ready within 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -111,9 +111,23 @@ func (c *procCluster) addressesOwned(prefix string, n int) map[string][]string {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	view, err := c.token(c.ids[0]).GetClusterView(ctx, &pb.GetClusterViewRequest{})
-	if err != nil {
-		c.t.Fatal(err)
+	// Ownership is computed over a view that lists every node: right after
+	// the cluster forms, a node's view may not have them all yet.
+	var view *pb.ClusterView
+	for {
+		v, err := c.token(c.ids[0]).GetClusterView(ctx, &pb.GetClusterViewRequest{})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if len(v.GetMembers()) == len(c.ids) {
+			view = v
+			break
+		}
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("the view lists %d of %d nodes after 5s", len(v.GetMembers()), len(c.ids))
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	out := map[string][]string{}
 	for i, done := 0, 0; done < len(view.GetMembers()); i++ {
