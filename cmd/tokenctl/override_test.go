@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/tokenserver/tokenserver/internal/auth"
 )
 
 // TestOverrideSetListDelete: runtime overrides through tokenctl, in every
@@ -177,5 +180,32 @@ func TestRulePutCostFlags(t *testing.T) {
 				t.Errorf("error %q does not name %q", r.err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTokenCreateScoped: token create writes a scoped role field
+// (client,editor:team-a/*) that the server's token file reader accepts
+// with that scope, and refuses a scope the server would refuse.
+func TestTokenCreateScoped(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "tokens")
+	r := tokenctl(t, "", "-o", "json", "token", "create", "team-a", "client,editor:team-a/*", "--append", file)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	var out map[string]string
+	decode(t, r.stdout, &out)
+	if out["roles"] != "client,editor:team-a/*" || !strings.HasSuffix(out["line"], " team-a client,editor:team-a/*") {
+		t.Errorf("token create of a scoped role: %v", out)
+	}
+	a, err := auth.New(auth.Options{TokenFile: file, ReloadInterval: -1})
+	if err != nil {
+		t.Fatalf("the server refuses the line token create wrote: %v", err)
+	}
+	a.Close()
+	for _, bad := range []string{"admin:team-a/*", "editor:*", "editor:a*b"} {
+		if r := tokenctl(t, "", "token", "create", "x", bad); !errors.As(r.err, new(*usageError)) {
+			t.Errorf("token create x %q: %v, want a usage error", bad, r.err)
+		}
 	}
 }
