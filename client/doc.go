@@ -29,6 +29,28 @@
 // where L is the longest a lease lives (its expiry, above); while demand
 // keeps leases short-lived, as under saturation, that is burst + rate × T.
 //
+// Reservations. Limiter.Reserve takes an estimate of a cost known only
+// after the work (LLM tokens, bytes, money) and Reservation.Commit settles
+// it at what was used: less gives the difference back, more charges the
+// extra even past zero, as debt the key repays before it admits again. A
+// reservation is always its own grant on the key's owner, even on a
+// limiter that leases: a leased batch is one grant on the server, settled
+// once (by its refill), so a reservation served from a lease could not be
+// charged past the batch after the lease ended. Settling every
+// reservation against the server's accounting keeps "the total charged
+// equals the total committed" exact, and leases keep serving AllowN
+// beside it. A commit is idempotent by grant id (retry it freely); one not
+// made within the rule's reservation TTL leaves the estimate charged
+// (ErrReservationNotFound). A reservation granted by the fallback policy
+// settles locally: a LOCAL overrun is charged to the local limiter, and
+// nothing is given back.
+//
+// All or nothing. Client.AllowAll grants several items (org, team and
+// user budgets of one request) together or not at all, in one
+// AcquireTokens with all_or_nothing. It never over-admits; while granted
+// items of a denied whole are given back (one round trip), they briefly
+// hold their permits: under-admission of at most the items' permits.
+//
 // Never looser than the rule. The SDK keeps the last fallback policy and
 // lease settings it learned for each rule until a ready node's view changes
 // or deletes that rule. A view from a node that is not ready (it may still

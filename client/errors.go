@@ -35,6 +35,11 @@ var (
 	// ErrLimiterOptions means Client.Limiter was called again for a rule
 	// with options that differ from the first call's (see Client.Limiter).
 	ErrLimiterOptions = errors.New("tokenserver: limiter options differ from the first call's")
+	// ErrReservationNotFound means the server does not know the grant a
+	// commit names: its reservation TTL passed (it stays charged at its
+	// estimate), it was minted for another rule or key, or its node
+	// restarted since. Nothing changed.
+	ErrReservationNotFound = errors.New("tokenserver: reservation not found or expired")
 )
 
 // AuthError is a refusal of the client's credentials. It is ErrAuth for

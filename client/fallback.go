@@ -2,6 +2,7 @@ package client
 
 import (
 	"container/list"
+	"math"
 	"sync"
 	"time"
 
@@ -94,6 +95,25 @@ func (ls *localLimiters) reserve(ruleName, key string, n, limit int64, period ti
 		return false, d
 	}
 	return true, d
+}
+
+// debit charges n permits to (rule, key)'s local limiter even past what
+// it holds (rate.Limiter's reservations put it in debt), and returns what
+// is left, what is owed, and how long until it admits again.
+func (ls *localLimiters) debit(ruleName, key string, n, limit int64, period time.Duration, now time.Time) (remaining, debt int64, retryAfter time.Duration) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	l := ls.get(ruleName, key, limit, period)
+	for n > 0 && l.lim.Burst() > 0 {
+		chunk := min(n, int64(l.lim.Burst()))
+		l.lim.ReserveN(now, int(chunk))
+		n -= chunk
+	}
+	tokens := l.lim.TokensAt(now)
+	if tokens >= 1 {
+		return int64(tokens), 0, 0
+	}
+	return 0, int64(math.Ceil(-tokens)), time.Duration((1 - tokens) / float64(l.lim.Limit()) * float64(time.Second))
 }
 
 // hold takes one of limit local concurrency slots of (rule, key).

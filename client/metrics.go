@@ -20,7 +20,7 @@ type metrics struct {
 	authRefused      prometheus.Counter
 	limiterConflicts *prometheus.CounterVec // rule
 
-	rpcAcquire, rpcAcquireBatch, rpcRefill, rpcRenew, rpcView, rpcWatch prometheus.Counter
+	rpcAcquire, rpcAcquireBatch, rpcRefill, rpcRenew, rpcView, rpcWatch, rpcCommit prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -86,6 +86,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.rpcAcquireBatch = m.rpcs.WithLabelValues("AcquireTokens")
 	m.rpcRefill = m.rpcs.WithLabelValues("RefillToken")
 	m.rpcRenew = m.rpcs.WithLabelValues("RenewLease")
+	m.rpcCommit = m.rpcs.WithLabelValues("CommitToken")
 	m.rpcView = m.rpcs.WithLabelValues("GetClusterView")
 	m.rpcWatch = m.rpcs.WithLabelValues("WatchClusterView")
 	return m

@@ -66,7 +66,9 @@ order, and one line per rule shows its name and new version.`,
 						return fmt.Errorf("%s: rule %q appears again (first at %s)", r.Pos, r.Rule.Name, first)
 					}
 					seen[r.Rule.Name] = r.Pos
-					rules = append(rules, rulepb.ToProto(r.Rule))
+					pr := rulepb.ToProto(r.Rule)
+					pr.Durable = pr.GetDurable() || r.Durable
+					rules = append(rules, pr)
 				}
 			}
 			if len(rules) == 0 {

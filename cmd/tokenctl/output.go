@@ -275,6 +275,26 @@ func writeRuleTable(w io.Writer, r *pb.Rule) error {
 	if l := r.GetLease(); l != nil {
 		row("lease", "max %d, ttl %s", l.GetMaxBatch(), fmtDur(l.GetTtl()))
 	}
+	if c := r.GetCalendar(); c != pb.Calendar_CALENDAR_UNSPECIFIED {
+		tz := r.GetTimeZone()
+		if tz == "" {
+			tz = "UTC"
+		}
+		row("calendar", "%s in %s", calendarNames[c], tz)
+	}
+	if in := r.GetInline(); in.GetMaxLimit() != 0 {
+		if in.GetMaxPeriod().AsDuration() != 0 {
+			row("inline", "max limit %d, max period %s", in.GetMaxLimit(), fmtDur(in.GetMaxPeriod()))
+		} else {
+			row("inline", "max limit %d", in.GetMaxLimit())
+		}
+	}
+	if t := r.GetReservationTtl(); t.AsDuration() != 0 {
+		row("reservation ttl", "%s", fmtDur(t))
+	}
+	if r.GetDurable() {
+		row("durable", "true")
+	}
 	row("version", "%d", r.GetVersion())
 	row("generation", "%d", r.GetGeneration())
 	if r.GetUpdatedBy() != "" {

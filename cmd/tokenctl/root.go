@@ -156,6 +156,7 @@ server, ...); 2 on a usage error (a bad flag or argument).`,
 
 	root.AddCommand(
 		newRuleCmd(a),
+		newOverrideCmd(a),
 		newAcquireCmd(a),
 		newRefillCmd(a),
 		newLeaseCmd(a),

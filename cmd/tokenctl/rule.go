@@ -44,6 +44,12 @@ type putFlags struct {
 	leaseMax        int64
 	leaseTTL        time.Duration
 	expectedVersion uint64
+	inlineMaxLimit  int64
+	inlineMaxPeriod time.Duration
+	calendar        string
+	timeZone        string
+	reservationTTL  time.Duration
+	durable         bool
 }
 
 func newRulePutCmd(a *app) *cobra.Command {
@@ -54,11 +60,19 @@ func newRulePutCmd(a *app) *cobra.Command {
 		Long: `Create or replace the rule NAME and print it as stored.
 
 --limit permits per --period; for a concurrency rule --limit is the number of
-leases held at once and --period their lifetime. --burst defaults to the limit.`,
+leases held at once and --period their lifetime. --burst defaults to the limit.
+
+A fixed-window rule with --calendar day|week|month counts per local calendar
+day, ISO week or month in --time-zone (default UTC); --period is then not
+needed. --inline-max-limit lets requests carry their own limit, up to that
+limit (and --inline-max-period). --reservation-ttl is how long a reservation
+may be committed (default: the rule's window).`,
 		Example: `  tokenctl rule put api --algorithm token-bucket --limit 100 --period 1s --burst 200
   tokenctl rule put login --algorithm sliding-log --limit 5 --period 1m --penalty 5m --deny bad-ip
   tokenctl rule put jobs --algorithm concurrency --limit 10 --period 30s
-  tokenctl rule put api --algorithm token-bucket --limit 100 --period 1s --override vip=1000/2000`,
+  tokenctl rule put api --algorithm token-bucket --limit 100 --period 1s --override vip=1000/2000
+  tokenctl rule put llm-monthly --algorithm fixed-window --limit 1000000 --calendar month --time-zone Europe/Berlin
+  tokenctl rule put llm --algorithm token-bucket --limit 1000 --period 1m --inline-max-limit 100000 --inline-max-period 1h --reservation-ttl 30s`,
 		Args: argNames("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := f.rule(cmd, args[0])
@@ -96,13 +110,23 @@ leases held at once and --period their lifetime. --burst defaults to the limit.`
 	fl.Int64Var(&f.leaseMax, "lease-max", 0, "most tokens one client lease may take (0: no leasing)")
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", 0, "longest a client may hold leased tokens")
 	fl.Uint64Var(&f.expectedVersion, "expected-version", 0, "compare-and-set: the version the rule must have (0: it must not exist)")
+	fl.Int64Var(&f.inlineMaxLimit, "inline-max-limit", 0, "let requests carry their own limit, at most this (0: requests may not)")
+	fl.DurationVar(&f.inlineMaxPeriod, "inline-max-period", 0, "with --inline-max-limit: the longest period a request may carry")
+	fl.StringVar(&f.calendar, "calendar", "", "fixed-window only: windows of local calendar days, ISO weeks or months: day, week or month (--period then not needed)")
+	fl.StringVar(&f.timeZone, "time-zone", "", "with --calendar: the IANA time zone of the windows (default UTC)")
+	fl.DurationVar(&f.reservationTTL, "reservation-ttl", 0, "how long a reservation may be committed before it is settled at its estimate (default: the rule's window)")
+	fl.BoolVar(&f.durable, "durable", false, "replicate the rule's buckets to each key's next owner and checkpoint them")
 	return cmd
 }
 
 // rule builds the rule the flags describe. Syntax is checked here; the
 // server validates the values.
 func (f *putFlags) rule(cmd *cobra.Command, name string) (*pb.Rule, error) {
-	if err := requireFlags(cmd, "algorithm", "limit", "period"); err != nil {
+	required := []string{"algorithm", "limit", "period"}
+	if cmd.Flags().Changed("calendar") {
+		required = required[:2] // a calendar window needs no period
+	}
+	if err := requireFlags(cmd, required...); err != nil {
 		return nil, err
 	}
 	alg, err := parseAlgorithm(f.algorithm)
@@ -147,7 +171,80 @@ func (f *putFlags) rule(cmd *cobra.Command, name string) (*pb.Rule, error) {
 	if cmd.Flags().Changed("lease-max") || cmd.Flags().Changed("lease-ttl") {
 		r.Lease = &pb.LeaseSettings{MaxBatch: f.leaseMax, Ttl: durationpb.New(f.leaseTTL)}
 	}
+	if !cmd.Flags().Changed("period") {
+		r.Period = nil
+	}
+	if err := f.costFields(cmd, r); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// costFields sets the calendar, inline, reservation and durable fields
+// the flags give. Syntax and local facts (a time zone this machine knows)
+// are checked here, each error naming its flag; the server validates the
+// rest.
+func (f *putFlags) costFields(cmd *cobra.Command, r *pb.Rule) error {
+	changed := cmd.Flags().Changed
+	if changed("calendar") {
+		c, err := parseCalendar(f.calendar)
+		if err != nil {
+			return usagef("--calendar: %v", err)
+		}
+		r.Calendar = c
+	}
+	if changed("time-zone") {
+		if !changed("calendar") {
+			return usagef("--time-zone needs --calendar")
+		}
+		if f.timeZone == "" {
+			return usagef("--time-zone: empty (leave the flag out for UTC)")
+		}
+		if _, err := time.LoadLocation(f.timeZone); err != nil {
+			return usagef("--time-zone: %q is not an IANA time zone: %v", f.timeZone, err)
+		}
+		r.TimeZone = f.timeZone
+	}
+	if changed("inline-max-limit") || changed("inline-max-period") {
+		switch {
+		case !changed("inline-max-limit"):
+			return usagef("--inline-max-period needs --inline-max-limit")
+		case f.inlineMaxLimit <= 0:
+			return usagef("--inline-max-limit: must be > 0, got %d", f.inlineMaxLimit)
+		case f.inlineMaxPeriod < 0:
+			return usagef("--inline-max-period: must be >= 0, got %v", f.inlineMaxPeriod)
+		}
+		r.Inline = &pb.InlinePolicy{MaxLimit: f.inlineMaxLimit}
+		if changed("inline-max-period") {
+			r.Inline.MaxPeriod = durationpb.New(f.inlineMaxPeriod)
+		}
+	}
+	if changed("reservation-ttl") {
+		if f.reservationTTL <= 0 {
+			return usagef("--reservation-ttl: must be > 0, got %v", f.reservationTTL)
+		}
+		r.ReservationTtl = durationpb.New(f.reservationTTL)
+	}
+	r.Durable = f.durable
+	return nil
+}
+
+// calendarNames spells the calendars as flags do.
+var calendarNames = map[pb.Calendar]string{
+	pb.Calendar_DAY:   "day",
+	pb.Calendar_WEEK:  "week",
+	pb.Calendar_MONTH: "month",
+}
+
+// parseCalendar reads day, week or month (any case).
+func parseCalendar(s string) (pb.Calendar, error) {
+	norm := strings.ToLower(s)
+	for c, n := range calendarNames {
+		if n == norm {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown calendar %q (want day, week or month)", s)
 }
 
 // parseOverride reads KEY=LIMIT or KEY=LIMIT/BURST. The key is everything

@@ -312,7 +312,9 @@ func newTokenCmd(a *app) *cobra.Command {
 		Short: "Print a random token and its line for the server's --auth-tokens file",
 		Long: `create prints a random bearer token (256 bits) and the line that admits it
 in the server's --auth-tokens file, which holds only the token's SHA-256.
-ROLES is comma-separated: client, viewer, editor, admin. Give the token to
+ROLES is comma-separated: client, viewer, editor, admin; it may end in
+:PATTERN (client,editor:team-a/*) to limit the caller to the rules named
+PATTERN, or under its prefix before a trailing *. Give the token to
 the caller (tokenctl --token or TOKENSERVER_TOKEN, the SDK's WithToken) and
 append the line to the file on every node: they re-read it on change.
 
@@ -322,10 +324,11 @@ server re-reading it sees the old file or the new one, never half of one.
 A missing FILE is created (mode 0600); an existing one keeps its mode.
 Two appends to one file at the same moment can lose one of the lines.`,
 		Example: `  tokenctl token create ci editor
-  tokenctl token create ci editor --append /etc/tokenserver/tokens`,
+  tokenctl token create ci editor --append /etc/tokenserver/tokens
+  tokenctl token create team-a 'client,editor:team-a/*' --append /etc/tokenserver/tokens`,
 		Args: argNames("PRINCIPAL", "ROLES"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			roles, err := auth.ParseRoles(args[1])
+			roles, scope, err := auth.ParseRoleField(args[1])
 			if err != nil {
 				return usagef("ROLES: %v", err)
 			}
@@ -333,13 +336,18 @@ Two appends to one file at the same moment can lose one of the lines.`,
 			if err != nil {
 				return usagef("%v", err)
 			}
+			roleField := roles.String()
+			if scope != "" {
+				roleField += ":" + scope
+				line += ":" + scope
+			}
 			if appendTo != "" {
 				if err := appendLineAtomic(appendTo, line); err != nil {
 					return fmt.Errorf("token create --append: %w", err)
 				}
 			}
 			if a.structured() {
-				out := map[string]string{"principal": args[0], "roles": roles.String(), "token": tok, "line": line}
+				out := map[string]string{"principal": args[0], "roles": roleField, "token": tok, "line": line}
 				if appendTo != "" {
 					out["file"] = appendTo
 				}

@@ -29,7 +29,14 @@ var scopedMethods = map[string]bool{
 	pb.AdminService_PutOverride_FullMethodName:    true,
 	pb.AdminService_DeleteOverride_FullMethodName: true,
 	pb.AdminService_ListOverrides_FullMethodName:  true,
+	pb.AdminService_RuleHistory_FullMethodName:    true,
+	pb.AdminService_RollbackRule_FullMethodName:   true,
 }
+
+// ParseRoleField reads a token file's role field as the server does:
+// ROLE[,ROLE...] with an optional `:PATTERN` scope (`editor:team-a/*`);
+// it returns the roles and the scope ("" for none).
+func ParseRoleField(s string) (Role, string, error) { return parseScopedRoles(s) }
 
 // parseScopedRoles reads a token file's role field: ROLE[,ROLE...] with an
 // optional `:PATTERN` scope.

@@ -100,6 +100,11 @@ func (n *Node) PutOverride(ctx context.Context, o rule.RuntimeOverride) (rule.Ru
 	if err := rule.ValidName(o.Rule); err != nil {
 		return rule.RuntimeOverride{}, err
 	}
+	// Judge the rule on the leader: a follower's table may not hold a
+	// rule the leader has just acknowledged.
+	if err := n.awaitLeader(ctx); err != nil {
+		return rule.RuntimeOverride{}, err
+	}
 	c := n.Table().Get(o.Rule)
 	if c == nil {
 		return rule.RuntimeOverride{}, fmt.Errorf("rule %q: %w", o.Rule, rule.ErrNotFound)

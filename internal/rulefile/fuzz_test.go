@@ -1,7 +1,13 @@
 package rulefile
 
 import (
+	"math/rand/v2"
+	"reflect"
 	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/tokenserver/tokenserver/internal/rulepb"
 )
 
 // FuzzParseRules: reading a rules file never panics, every rule it returns
@@ -27,6 +33,32 @@ func FuzzParseRules(f *testing.F) {
 			if r.Pos.Line < 1 || r.Pos.Column < 1 {
 				t.Fatalf("rule %q at %s: no position", r.Rule.Name, r.Pos)
 			}
+		}
+	})
+}
+
+// FuzzRoundTripRule: a rule drawn from the fuzzer's seed, if valid,
+// reads back from its JSON form unchanged, the cost fields included.
+func FuzzRoundTripRule(f *testing.F) {
+	for _, s := range []uint64{1, 17, 2026, 1 << 40} {
+		f.Add(s, s>>1)
+	}
+	f.Fuzz(func(t *testing.T, a, b uint64) {
+		want, durable := randomRule(rand.New(rand.NewPCG(a, b)))
+		n := want.Clone()
+		n.Normalize()
+		if n.Validate() != nil {
+			return
+		}
+		p := rulepb.ToProto(want)
+		p.Durable = durable
+		js, err := protojson.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := Parse("r.json", js)
+		if err != nil || len(rs) != 1 || !reflect.DeepEqual(rs[0].Rule, want) || rs[0].Durable != durable {
+			t.Fatalf("%s read back as %+v, %v; want %+v", js, rs, err, want)
 		}
 	})
 }

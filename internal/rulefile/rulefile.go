@@ -56,6 +56,10 @@ type Rule struct {
 	Rule *rule.Rule
 	// Pos is where the rule starts.
 	Pos Pos
+	// Durable is the rule's `durable` field (tokenserver.v1.Rule.durable),
+	// kept beside Rule because rule.Rule does not carry it: a writer sets
+	// it on the proto it sends.
+	Durable bool
 }
 
 // Parse reads every rule of a YAML stream named name (for errors): each
@@ -160,7 +164,7 @@ func parseDocument(file string, doc *yaml.Node, dec *yaml.Decoder) ([]Rule, erro
 			}
 			return nil, at(n, err)
 		}
-		out = append(out, Rule{Rule: r, Pos: Pos{File: file, Line: item.Line, Column: item.Column}})
+		out = append(out, Rule{Rule: r, Pos: Pos{File: file, Line: item.Line, Column: item.Column}, Durable: bool(docs[i].Durable)})
 	}
 	return out, nil
 }

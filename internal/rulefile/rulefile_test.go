@@ -95,7 +95,7 @@ func TestParseErrors(t *testing.T) {
 		{"syntax", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n---\nname: b\nlimit: 5\n  period: 1s\n",
 			"f.yaml: yaml: line 8: mapping values are not allowed in this context"},
 		{"unknown field", "- name: a\n  algorithm: TOKEN_BUCKET\n  limit: 1\n  period: 1s\n- name: b\n  algorithm: TOKEN_BUCKET\n  limit: 1\n  sampleCont: 3\n  period: 1s\n",
-			`f.yaml:8:3: rule "b": unknown field "sampleCont" (want name, algorithm, limit, period, burst, sampleCount, warmup, penalty, maxKeys, overrides, deny, allow, shadow, fallback, lease, calendar, timeZone, inline, reservationTtl, version, generation, updatedBy)`},
+			`f.yaml:8:3: rule "b": unknown field "sampleCont" (want name, algorithm, limit, period, burst, sampleCount, warmup, penalty, maxKeys, overrides, deny, allow, shadow, fallback, lease, calendar, timeZone, inline, reservationTtl, durable, version, generation, updatedBy)`},
 		{"unknown nested field", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\nlease: {ttl: 1s, max: 3}\n",
 			`f.yaml:5:18: rule "a": unknown field "max" (want maxBatch, ttl)`},
 		{"bad enum", "name: a\nalgorithm: TOKEN_BUCKT\nlimit: 1\nperiod: 1s\n",
@@ -125,7 +125,7 @@ func TestParseErrors(t *testing.T) {
 		// Validation errors point at the field the rule.FieldError names.
 		{"invalid field", "name: a\nalgorithm: TOKEN_BUCKET\nlimit: 1\nperiod: 1s\n---\nname: b\nalgorithm: SLIDING_WINDOW\nlimit: 1\nperiod: 1s\nsampleCount: 3\n",
 			`f.yaml:10:1: rule "b": sample_count 3 must divide the period 1s`},
-		{"missing field points at the rule", "x: &r 1\n", `f.yaml:1:1: unknown field "x" (want name, algorithm, limit, period, burst, sampleCount, warmup, penalty, maxKeys, overrides, deny, allow, shadow, fallback, lease, calendar, timeZone, inline, reservationTtl, version, generation, updatedBy)`},
+		{"missing field points at the rule", "x: &r 1\n", `f.yaml:1:1: unknown field "x" (want name, algorithm, limit, period, burst, sampleCount, warmup, penalty, maxKeys, overrides, deny, allow, shadow, fallback, lease, calendar, timeZone, inline, reservationTtl, durable, version, generation, updatedBy)`},
 		{"missing limit", "- name: a\n  algorithm: TOKEN_BUCKET\n  period: 1s\n", `f.yaml:1:3: rule "a": limit must be > 0, got 0`},
 		{"override", "name: api\nalgorithm: token-bucket\nlimit: 10\nperiod: 1s\noverrides:\n  - {key: a, limit: 5}\n  - key: b\n    limit: 0\n",
 			`f.yaml:8:5: rule "api": overrides[1] (key "b"): limit must be > 0, got 0`},

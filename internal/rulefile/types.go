@@ -43,6 +43,7 @@ type ruleDoc struct {
 	Inline           inlineDoc   `yaml:"inline"`
 	ReservationTTL   duration    `yaml:"reservationTtl"`
 	ReservationTTLPB duration    `yaml:"reservation_ttl"`
+	Durable          boolean     `yaml:"durable"`
 	// Output only (what 'rule list -o json' prints): read and ignored, as
 	// the server ignores them.
 	Version     uinteger `yaml:"version"`

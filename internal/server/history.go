@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/raftfsm"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
@@ -46,6 +47,9 @@ func (n *Node) atLeader(ctx context.Context, id, addr string, call func(context.
 // RuleHistory implements pb.AdminServiceServer: the rule's versions,
 // newest first, as the leader has them (or this node, with local).
 func (s *adminService) RuleHistory(ctx context.Context, req *pb.RuleHistoryRequest) (*pb.RuleHistoryResponse, error) {
+	if err := auth.CheckName(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
 	if err := rule.ValidName(req.GetName()); err != nil {
 		return nil, toError(err)
 	}
@@ -82,6 +86,9 @@ func (s *adminService) RuleHistory(ctx context.Context, req *pb.RuleHistoryReque
 // RollbackRule implements pb.AdminServiceServer: a new version equal to
 // an old one, written on the leader and audited like PutRule.
 func (s *adminService) RollbackRule(ctx context.Context, req *pb.RollbackRuleRequest) (*pb.PutRuleResponse, error) {
+	if err := auth.CheckName(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
 	h, err := s.n.history()
 	if err != nil {
 		return nil, toError(err)
