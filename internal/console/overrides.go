@@ -14,12 +14,12 @@ import (
 // overridesData is the Overrides page: the list, and for an editor the
 // form (as typed, with the server's message after a failed save).
 type overridesData struct {
-	Rule     string // the rule filter, "" for every rule
-	List     []Override
-	CanEdit  bool
-	Form     overrideForm
-	Error    string
-	ListErr  string
+	Rule    string // the rule filter, "" for every rule
+	List    []Override
+	CanEdit bool
+	Form    overrideForm
+	Error   string
+	ListErr string
 }
 
 // overrideForm is the override form's fields as typed.
