@@ -141,6 +141,19 @@ type EnvoyDomain struct {
 	Version     uint64
 	Descriptors int
 	Definition  string
+	// History is the domain's stored versions, newest first (empty when
+	// the node keeps none).
+	History []EnvoyVersion
+}
+
+// EnvoyVersion is one stored version of an Envoy domain.
+type EnvoyVersion struct {
+	Version   uint64
+	Principal string
+	Time      time.Time
+	// Change is what happened ("PUT", "DELETE", "SYNC" from a watched
+	// file or xDS source).
+	Change string
 }
 
 // Backend is what the console shows and changes. The node implements it

@@ -454,7 +454,7 @@ func TestOptionalPages(t *testing.T) {
 	full := newTestConsole(t, fakeFullBackend{newFakeBackend(newFakeClock())}, Options{})
 	full.login(viewerToken)
 	wantStatus(t, "overrides", full.get("/ui/overrides"), http.StatusOK, "vip-*", "1000/1s")
-	wantStatus(t, "envoy", full.get("/ui/envoy"), http.StatusOK, "edge", "2 descriptors")
+	wantStatus(t, "envoy", full.get("/ui/envoy"), http.StatusOK, "edge", "2 descriptors", "History of edge (2 versions)", "file:edge.yaml", "SYNC", "alice")
 }
 
 func TestEveryPageRendersWithoutTokenOrExternalURL(t *testing.T) {

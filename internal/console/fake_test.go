@@ -376,5 +376,6 @@ func (b fakeFullBackend) ListEnvoyDomains(_ context.Context, c Credential) ([]En
 	if err := b.authorize(c, "viewer"); err != nil {
 		return nil, err
 	}
-	return []EnvoyDomain{{Domain: "edge", Version: 3, Descriptors: 2, Definition: "domain: edge\n"}}, nil
+	return []EnvoyDomain{{Domain: "edge", Version: 3, Descriptors: 2, Definition: "domain: edge\n",
+		History: []EnvoyVersion{{Version: 3, Principal: "file:edge.yaml", Change: "SYNC", Time: b.clock.Now()}, {Version: 1, Principal: "alice", Change: "PUT"}}}}, nil
 }

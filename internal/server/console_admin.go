@@ -99,6 +99,21 @@ func (b *consoleBackend) ListEnvoyDomains(ctx context.Context, c console.Credent
 	out := make([]console.EnvoyDomain, len(resp.GetDomains()))
 	for i, d := range resp.GetDomains() {
 		out[i] = console.EnvoyDomain{Domain: d.GetDomain(), Version: d.GetVersion(), Descriptors: countDescriptors(d.GetYaml()), Definition: d.GetYaml()}
+		hreq := &pb.EnvoyDomainHistoryRequest{Domain: d.GetDomain()}
+		h, err := invoke(ctx, b.n, c, pb.AdminService_EnvoyDomainHistory_FullMethodName, hreq, b.admin.EnvoyDomainHistory)
+		if err != nil {
+			// The domain is listed without its history rather than not
+			// at all (a node of an older release has none).
+			b.n.log.Debug("console: envoy domain history", "domain", d.GetDomain(), "err", err)
+			continue
+		}
+		for _, v := range h.GetVersions() {
+			ev := console.EnvoyVersion{Version: v.GetVersion(), Principal: v.GetPrincipal(), Change: v.GetChange()}
+			if ns := v.GetTimeUnixNs(); ns != 0 {
+				ev.Time = time.Unix(0, ns)
+			}
+			out[i].History = append(out[i].History, ev)
+		}
 	}
 	return out, nil
 }

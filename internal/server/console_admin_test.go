@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,45 @@ func TestConsoleOverridesAndEnvoy(t *testing.T) {
 	}
 	if len(ds) != 1 || ds[0].Domain != "edge" || ds[0].Descriptors != 2 || ds[0].Version == 0 || !strings.Contains(ds[0].Definition, "requests_per_unit: 5") {
 		t.Fatalf("envoy domains: %+v", ds)
+	}
+	if h := ds[0].History; len(h) != 1 || h[0].Change != "PUT" || h[0].Version != ds[0].Version || h[0].Time.IsZero() {
+		t.Fatalf("envoy domain history on the page: %+v", h)
+	}
+}
+
+// TestEnvoyDomainHistoryRPC: puts and a delete of a domain are served
+// newest first with their changes and times; an unknown domain is
+// NotFound and an empty name InvalidArgument.
+func TestEnvoyDomainHistoryRPC(t *testing.T) {
+	tn := newTestNode(t, nil)
+	c := ctx(t)
+	y := "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: %d}\n"
+	var versions []uint64
+	for _, n := range []int{1, 2} {
+		put, err := tn.admin.PutEnvoyDomain(c, &pb.PutEnvoyDomainRequest{Yaml: fmt.Sprintf(y, n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions = append(versions, put.GetDomain().GetVersion())
+	}
+	if _, err := tn.admin.DeleteEnvoyDomain(c, &pb.DeleteEnvoyDomainRequest{Domain: "edge"}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := tn.admin.EnvoyDomainHistory(c, &pb.EnvoyDomainHistoryRequest{Domain: "edge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs := h.GetVersions()
+	if len(vs) != 3 || vs[0].GetChange() != "DELETE" || vs[0].GetDomain() != nil || vs[1].GetVersion() != versions[1] || vs[2].GetVersion() != versions[0] ||
+		!strings.Contains(vs[2].GetDomain().GetYaml(), "requests_per_unit: 1") || vs[1].GetTimeUnixNs() == 0 {
+		t.Fatalf("history: %v", vs)
+	}
+	for _, tt := range []struct {
+		domain string
+		code   codes.Code
+	}{{"nope", codes.NotFound}, {"", codes.InvalidArgument}} {
+		if _, err := tn.admin.EnvoyDomainHistory(c, &pb.EnvoyDomainHistoryRequest{Domain: tt.domain}); status.Code(err) != tt.code {
+			t.Errorf("history of %q: %v, want %v", tt.domain, err, tt.code)
+		}
 	}
 }
