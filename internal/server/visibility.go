@@ -17,6 +17,10 @@ import (
 // first decision on this node: a rule without traffic costs one nil
 // pointer.
 //
+// Cost: a decision adds to the series (a mutex and a slot) and offers
+// itself to the sketch, which past topKeysExactPerBucket decisions in a
+// 10 s bucket keeps one in topKeysSampleEvery (topk.Config.SampleEvery).
+//
 // Memory per active rule, with the defaults: the series is 3,600 slots of
 // series.SlotBytes (144,000 bytes, allocated at once); the sketch grows
 // with distinct keys up to DefaultTopKeysCapacity counters per bucket and
