@@ -208,6 +208,42 @@ func TestConsoleCluster(t *testing.T) {
 	if err != nil || h.GetVersions()[0].GetChange() != "ROLLBACK" {
 		t.Fatalf("history after rollback: %v, %v", h, err)
 	}
+
+	// Overrides: an editor sets one through the form (a bad limit first:
+	// the API's message), a viewer reads it without a form.
+	editor.open("/ui/overrides")
+	editor.run("override form", chromedp.SetValue(chromedp.CSS(`#o-rule`), "api"), chromedp.SetValue(chromedp.CSS(`#o-key`), "vip-*"),
+		chromedp.SetValue(chromedp.CSS(`#o-limit`), "0"), chromedp.Click(chromedp.CSS(`#save-override`)), chromedp.WaitVisible(chromedp.CSS(`#error`)))
+	if msg := editor.text("#error"); !strings.Contains(msg, "limit") {
+		t.Fatalf("a bad override shows %q, want the API's message about the limit", msg)
+	}
+	editor.run("save override", chromedp.SetValue(chromedp.CSS(`#o-limit`), "500"), chromedp.SetValue(chromedp.CSS(`#o-expires`), "2h"),
+		chromedp.Click(chromedp.CSS(`#save-override`)), chromedp.WaitVisible(chromedp.CSS(`.flash`)))
+	if f := editor.text(".flash"); !strings.Contains(f, "Saved the override of api for vip-*") {
+		t.Fatalf("after saving an override: %q", f)
+	}
+	ov, err := c.admin(leader).ListOverrides(ctx, &pb.ListOverridesRequest{Rule: "api"})
+	if err != nil || len(ov.GetOverrides()) != 1 || ov.GetOverrides()[0].GetLimit() != 500 || ov.GetOverrides()[0].GetUpdatedBy() != "token:editor-user" {
+		t.Fatalf("overrides after the console's save: %v, %v", ov, err)
+	}
+	viewer.open("/ui/overrides")
+	if rows := chromeGet(viewer, "override rows", chromedp.Evaluate[int](`document.querySelectorAll("#overrides tbody tr").length`)); rows != 1 || !strings.Contains(viewer.text("#overrides"), "vip-*") {
+		t.Fatalf("a viewer's overrides page: %d rows, %q", rows, viewer.text("#overrides"))
+	}
+	if forms := chromeGet(viewer, "override form absent", chromedp.Evaluate[int](`document.querySelectorAll("#override-form").length`)); forms != 0 {
+		t.Fatal("a viewer gets the override form")
+	}
+	viewer.shot("overrides")
+
+	// Envoy domains, with their history.
+	if _, err := c.admin(leader).PutEnvoyDomain(ctx, &pb.PutEnvoyDomainRequest{Yaml: "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n"}); err != nil {
+		t.Fatal(err)
+	}
+	viewer.open("/ui/envoy")
+	if txt := viewer.text("main"); !strings.Contains(txt, "edge") || !strings.Contains(txt, "History of edge") {
+		t.Fatalf("envoy page: %q", txt)
+	}
+	viewer.shot("envoy")
 }
 
 // TestConsoleRulesPageLoad measures the Rules page of a real node (no

@@ -134,6 +134,9 @@ var methods = map[string]methodRule{
 	pb.AdminService_PutEnvoyDomain_FullMethodName:    {role: RoleEditor, write: true},
 	pb.AdminService_DeleteEnvoyDomain_FullMethodName: {role: RoleEditor, write: true},
 
+	pb.AdminService_EnvoyDomainHistory_FullMethodName: {role: RoleViewer},
+	pb.AdminService_ListRuleRates_FullMethodName:      {role: RoleViewer},
+
 	healthpb.Health_Check_FullMethodName: {access: accessOpen},
 	healthpb.Health_Watch_FullMethodName: {access: accessOpen},
 	healthpb.Health_List_FullMethodName:  {access: accessOpen},

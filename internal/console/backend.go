@@ -121,11 +121,18 @@ type RuleVersion struct {
 
 // Override is a runtime per-key override of a rule.
 type Override struct {
-	Rule    string
-	Key     string
-	Limit   int64
+	Rule string
+	// Key is an exact key or a prefix ending in one "*".
+	Key   string
+	Limit int64
+	// Burst is the override's capacity (0: its limit).
+	Burst int64
+	// Period is the rule's period, which the override keeps (0: unknown).
 	Period  time.Duration
 	Expires time.Time // zero: never
+	// Version and UpdatedBy are set by the node.
+	Version   uint64
+	UpdatedBy string
 }
 
 // EnvoyDomain is one Envoy rate-limit domain.
@@ -134,6 +141,19 @@ type EnvoyDomain struct {
 	Version     uint64
 	Descriptors int
 	Definition  string
+	// History is the domain's stored versions, newest first (empty when
+	// the node keeps none).
+	History []EnvoyVersion
+}
+
+// EnvoyVersion is one stored version of an Envoy domain.
+type EnvoyVersion struct {
+	Version   uint64
+	Principal string
+	Time      time.Time
+	// Change is what happened ("PUT", "DELETE", "SYNC" from a watched
+	// file or xDS source).
+	Change string
 }
 
 // Backend is what the console shows and changes. The node implements it
@@ -175,6 +195,17 @@ type Backend interface {
 type OverrideLister interface {
 	// ListOverrides returns the overrides of rule ("" for every rule).
 	ListOverrides(ctx context.Context, c Credential, rule string) ([]Override, error)
+}
+
+// OverrideEditor is implemented by a Backend whose overrides can be
+// changed from the console (editors only; the Backend authorizes).
+type OverrideEditor interface {
+	// PutOverride creates or replaces an override and returns it as
+	// stored. An invalid one fails with InvalidArgument and the API's
+	// message.
+	PutOverride(ctx context.Context, c Credential, o Override) (Override, error)
+	// DeleteOverride removes the override of rule for key.
+	DeleteOverride(ctx context.Context, c Credential, rule, key string) error
 }
 
 // EnvoyDomainLister is implemented by a Backend whose node serves Envoy

@@ -132,6 +132,10 @@ func (h *handler) routes() {
 	m.HandleFunc("POST /ui/rules/{name}/rollback", h.page(h.rollback))
 	if _, ok := h.backend.(OverrideLister); ok {
 		m.HandleFunc("GET /ui/overrides", h.page(h.overridesPage))
+		if _, ok := h.backend.(OverrideEditor); ok {
+			m.HandleFunc("POST /ui/overrides", h.page(h.putOverride))
+			m.HandleFunc("POST /ui/overrides/delete", h.page(h.deleteOverride))
+		}
 	}
 	if _, ok := h.backend.(EnvoyDomainLister); ok {
 		m.HandleFunc("GET /ui/envoy", h.page(h.envoyPage))
@@ -315,6 +319,7 @@ var (
 	actRead     = action{"reading the cluster and its rules", "viewer"}
 	actEdit     = action{"editing rules", "editor"}
 	actRollback = action{"rolling back a rule", "editor"}
+	actOverride = action{"changing overrides", "editor"}
 )
 
 // topRole names the caller's highest role.

@@ -454,7 +454,7 @@ func TestOptionalPages(t *testing.T) {
 	full := newTestConsole(t, fakeFullBackend{newFakeBackend(newFakeClock())}, Options{})
 	full.login(viewerToken)
 	wantStatus(t, "overrides", full.get("/ui/overrides"), http.StatusOK, "vip-*", "1000/1s")
-	wantStatus(t, "envoy", full.get("/ui/envoy"), http.StatusOK, "edge", "2 descriptors")
+	wantStatus(t, "envoy", full.get("/ui/envoy"), http.StatusOK, "edge", "2 descriptors", "History of edge (2 versions)", "file:edge.yaml", "SYNC", "alice")
 }
 
 func TestEveryPageRendersWithoutTokenOrExternalURL(t *testing.T) {
@@ -505,5 +505,46 @@ func BenchmarkRulesPage1000(b *testing.B) {
 			b.Fatalf("status %d", w.Code)
 		}
 		b.ReportMetric(float64(w.Body.Len()), "bytes/page")
+	}
+}
+
+// TestOverrideEdit: a viewer reads overrides and gets no form, and a
+// posted change is refused; an editor sees the API's validation message
+// with the form as typed, saves an override and deletes it.
+func TestOverrideEdit(t *testing.T) {
+	back := fakeFullBackend{newFakeBackend(newFakeClock())}
+	viewer := newTestConsole(t, back, Options{})
+	viewer.login(viewerToken)
+	r := viewer.get("/ui/overrides")
+	wantStatus(t, "viewer overrides", r, http.StatusOK, "vip-*", "Viewers read overrides")
+	if strings.Contains(r.body, `id="override-form"`) {
+		t.Fatal("a viewer gets the override form")
+	}
+	form := url.Values{"csrf": {viewer.csrf()}, "rule": {"api"}, "key": {"gold"}, "limit": {"50"}}
+	wantStatus(t, "viewer put", viewer.post("/ui/overrides", form, viewer.srv.URL), http.StatusForbidden, "editor")
+
+	editor := newTestConsole(t, back, Options{})
+	editor.login(editorToken)
+	wantStatus(t, "editor overrides", editor.get("/ui/overrides"), http.StatusOK, `id="override-form"`)
+	tests := []struct {
+		name  string
+		form  url.Values
+		code  int
+		shows []string
+	}{
+		{"not a number", url.Values{"rule": {"api"}, "key": {"gold"}, "limit": {"lots"}}, http.StatusBadRequest, []string{"limit &#34;lots&#34; is not a whole number", `value="gold"`}},
+		{"the API refuses", url.Values{"rule": {"api"}, "key": {"gold"}, "limit": {"-5"}}, http.StatusBadRequest, []string{"override limit must be positive, got -5", `value="-5"`}},
+		{"bad expiry", url.Values{"rule": {"api"}, "key": {"gold"}, "limit": {"5"}, "expires": {"soon"}}, http.StatusBadRequest, []string{"neither a duration"}},
+		{"saved", url.Values{"rule": {"api"}, "key": {"gold"}, "limit": {"50"}, "expires": {"1h"}}, http.StatusSeeOther, nil},
+	}
+	for _, tt := range tests {
+		tt.form.Set("csrf", editor.csrf())
+		wantStatus(t, tt.name, editor.post("/ui/overrides", tt.form, editor.srv.URL), tt.code, tt.shows...)
+	}
+	wantStatus(t, "after save", editor.get("/ui/overrides"), http.StatusOK, "Saved the override of api for gold", "<code>gold</code>")
+	del := url.Values{"csrf": {editor.csrf()}, "rule": {"api"}, "key": {"gold"}}
+	wantStatus(t, "delete", editor.post("/ui/overrides/delete", del, editor.srv.URL), http.StatusSeeOther)
+	if r := editor.get("/ui/overrides"); strings.Contains(r.body, "<code>gold</code>") {
+		t.Fatal("override still listed after delete")
 	}
 }

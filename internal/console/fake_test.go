@@ -54,6 +54,8 @@ type fakeBackend struct {
 	series  map[string][]Point
 	top     map[string][]TopKey
 	creds   []Credential // every credential seen, for assertions
+	// overrides are fakeFullBackend's, nil until the first call.
+	overrides []Override
 }
 
 func newFakeBackend(clock *fakeClock) *fakeBackend {
@@ -324,12 +326,56 @@ func (b fakeFullBackend) ListOverrides(_ context.Context, c Credential, rule str
 	if err := b.authorize(c, "viewer"); err != nil {
 		return nil, err
 	}
-	return []Override{{Rule: "api", Key: "vip-*", Limit: 1000, Period: time.Second}}, nil
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.initOverrides()
+	return slices.Clone(b.overrides), nil
+}
+
+func (b fakeFullBackend) initOverrides() {
+	if b.overrides == nil {
+		b.overrides = []Override{{Rule: "api", Key: "vip-*", Limit: 1000, Period: time.Second}}
+	}
+}
+
+// PutOverride validates as the node does (a known rule, a positive
+// limit) and stores the override.
+func (b fakeFullBackend) PutOverride(_ context.Context, c Credential, o Override) (Override, error) {
+	if err := b.authorize(c, "editor"); err != nil {
+		return Override{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.initOverrides()
+	_, ok := b.rules[o.Rule]
+	switch {
+	case !ok:
+		return Override{}, status.Errorf(codes.NotFound, "rule %q not found", o.Rule)
+	case o.Limit <= 0:
+		return Override{}, status.Errorf(codes.InvalidArgument, "override limit must be positive, got %d", o.Limit)
+	}
+	b.index++
+	o.Version, o.Period = b.index, time.Second
+	b.overrides = slices.DeleteFunc(b.overrides, func(x Override) bool { return x.Rule == o.Rule && x.Key == o.Key })
+	b.overrides = append(b.overrides, o)
+	return o, nil
+}
+
+func (b fakeFullBackend) DeleteOverride(_ context.Context, c Credential, rule, key string) error {
+	if err := b.authorize(c, "editor"); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.initOverrides()
+	b.overrides = slices.DeleteFunc(b.overrides, func(x Override) bool { return x.Rule == rule && x.Key == key })
+	return nil
 }
 
 func (b fakeFullBackend) ListEnvoyDomains(_ context.Context, c Credential) ([]EnvoyDomain, error) {
 	if err := b.authorize(c, "viewer"); err != nil {
 		return nil, err
 	}
-	return []EnvoyDomain{{Domain: "edge", Version: 3, Descriptors: 2, Definition: "domain: edge\n"}}, nil
+	return []EnvoyDomain{{Domain: "edge", Version: 3, Descriptors: 2, Definition: "domain: edge\n",
+		History: []EnvoyVersion{{Version: 3, Principal: "file:edge.yaml", Change: "SYNC", Time: b.clock.Now()}, {Version: 1, Principal: "alice", Change: "PUT"}}}}, nil
 }

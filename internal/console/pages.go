@@ -400,17 +400,6 @@ func (h *handler) rollback(w http.ResponseWriter, r *request) {
 	http.Redirect(w, r.Request, ruleURL(name), http.StatusSeeOther)
 }
 
-func (h *handler) overridesPage(w http.ResponseWriter, r *request) {
-	ctx, cancel := h.call(r)
-	defer cancel()
-	list, err := h.backend.(OverrideLister).ListOverrides(ctx, r.cred, r.URL.Query().Get("rule"))
-	if err != nil {
-		h.fail(w, r, err, actRead)
-		return
-	}
-	h.show(w, r, http.StatusOK, "overrides", "Overrides", "overrides", list)
-}
-
 func (h *handler) envoyPage(w http.ResponseWriter, r *request) {
 	ctx, cancel := h.call(r)
 	defer cancel()

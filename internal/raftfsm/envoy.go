@@ -7,6 +7,7 @@ import (
 	"maps"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -54,14 +55,18 @@ type (
 	putEnvoyDomain struct {
 		domain   EnvoyDomain
 		expected *uint64
+		timeNs   int64 // for the history (envoyhistory.go)
 	}
 	deleteEnvoyDomain struct {
-		name     string
-		expected *uint64
+		name      string
+		expected  *uint64
+		timeNs    int64
+		principal string
 	}
 	syncEnvoyDomains struct {
 		origin  string
 		domains []EnvoyDomain
+		timeNs  int64
 	}
 )
 
@@ -81,7 +86,7 @@ func decodePutEnvoyDomain(p []byte) (putEnvoyDomain, error) {
 	if m.Domain.GetName() == "" {
 		return putEnvoyDomain{}, errors.New("no domain name")
 	}
-	return putEnvoyDomain{domain: envoyFromPB(m.Domain), expected: copyU64(m.ExpectedVersion)}, nil
+	return putEnvoyDomain{domain: envoyFromPB(m.Domain), expected: copyU64(m.ExpectedVersion), timeNs: m.TimeUnixNs}, nil
 }
 
 func decodeDeleteEnvoyDomain(p []byte) (deleteEnvoyDomain, error) {
@@ -89,7 +94,7 @@ func decodeDeleteEnvoyDomain(p []byte) (deleteEnvoyDomain, error) {
 	if err := proto.Unmarshal(p, &m); err != nil {
 		return deleteEnvoyDomain{}, err
 	}
-	return deleteEnvoyDomain{name: m.Name, expected: copyU64(m.ExpectedVersion)}, nil
+	return deleteEnvoyDomain{name: m.Name, expected: copyU64(m.ExpectedVersion), timeNs: m.TimeUnixNs, principal: m.Principal}, nil
 }
 
 func decodeSyncEnvoyDomains(p []byte) (syncEnvoyDomains, error) {
@@ -100,7 +105,7 @@ func decodeSyncEnvoyDomains(p []byte) (syncEnvoyDomains, error) {
 	if m.Origin == "" {
 		return syncEnvoyDomains{}, errors.New("no origin")
 	}
-	e := syncEnvoyDomains{origin: m.Origin, domains: make([]EnvoyDomain, 0, len(m.Domains))}
+	e := syncEnvoyDomains{origin: m.Origin, domains: make([]EnvoyDomain, 0, len(m.Domains)), timeNs: m.TimeUnixNs}
 	seen := map[string]bool{}
 	for _, d := range m.Domains {
 		if d.GetName() == "" || seen[d.GetName()] {
@@ -139,6 +144,7 @@ func (s *fsmState) putEnvoyDomain(index uint64, e putEnvoyDomain) (applyResult, 
 	}
 	s.Envoy[d.Name] = d
 	s.EnvoyIndex = index
+	s.recordEnvoyPut(d, ChangePut, e.timeNs)
 	return applyResult{envoy: &d}, ruleChange{}
 }
 
@@ -152,6 +158,7 @@ func (s *fsmState) deleteEnvoyDomain(index uint64, e deleteEnvoyDomain) (applyRe
 	s.Envoy = maps.Clone(s.Envoy)
 	delete(s.Envoy, e.name)
 	s.EnvoyIndex = index
+	s.recordEnvoyDelete(index, e.name, e.principal, ChangeDelete, e.timeNs)
 	return applyResult{}, ruleChange{}
 }
 
@@ -162,6 +169,8 @@ func (s *fsmState) syncEnvoyDomains(index uint64, e syncEnvoyDomains) (applyResu
 	}
 	changed := 0
 	want := map[string]bool{}
+	var put []EnvoyDomain
+	var deleted []string
 	for _, d := range e.domains {
 		want[d.Name] = true
 		if old, ok := next[d.Name]; ok && old.YAML == d.YAML && old.Source == d.Source && old.Author == d.Author {
@@ -169,17 +178,26 @@ func (s *fsmState) syncEnvoyDomains(index uint64, e syncEnvoyDomains) (applyResu
 		}
 		d.Version = index
 		next[d.Name] = d
+		put = append(put, d)
 		changed++
 	}
 	for name, d := range next {
 		if !want[name] && strings.HasPrefix(d.Author, e.origin) {
 			delete(next, name)
+			deleted = append(deleted, name)
 			changed++
 		}
 	}
 	if changed > 0 {
 		s.Envoy = next
 		s.EnvoyIndex = index
+		sort.Strings(deleted) // map order: every replica records the same
+		for _, d := range put {
+			s.recordEnvoyPut(d, ChangeSync, e.timeNs)
+		}
+		for _, name := range deleted {
+			s.recordEnvoyDelete(index, name, e.origin, ChangeSync, e.timeNs)
+		}
 	}
 	return applyResult{changed: changed}, ruleChange{}
 }
@@ -214,7 +232,7 @@ func (n *Node) PutEnvoyDomain(ctx context.Context, d EnvoyDomain, expected *uint
 	if d.Name == "" {
 		return EnvoyDomain{}, rule.Invalid("envoy domain: empty name")
 	}
-	entry, err := encodeEntry(entryPutEnvoyDomain, &raftv1.PutEnvoyDomain{Domain: envoyToPB(d), ExpectedVersion: expected})
+	entry, err := encodeEntry(entryPutEnvoyDomain, &raftv1.PutEnvoyDomain{Domain: envoyToPB(d), ExpectedVersion: expected, TimeUnixNs: time.Now().UnixNano()})
 	if err != nil {
 		return EnvoyDomain{}, err
 	}
@@ -233,7 +251,7 @@ func (n *Node) DeleteEnvoyDomain(ctx context.Context, name string, expected *uin
 	if name == "" {
 		return rule.Invalid("envoy domain: empty name")
 	}
-	entry, err := encodeEntry(entryDeleteEnvoyDomain, &raftv1.DeleteEnvoyDomain{Name: name, ExpectedVersion: expected})
+	entry, err := encodeEntry(entryDeleteEnvoyDomain, &raftv1.DeleteEnvoyDomain{Name: name, ExpectedVersion: expected, TimeUnixNs: time.Now().UnixNano(), Principal: authorOf(ctx)})
 	if err != nil {
 		return err
 	}
@@ -260,7 +278,7 @@ func (n *Node) SyncEnvoyDomains(ctx context.Context, origin string, ds []EnvoyDo
 	if !envoySyncChanges(n.fsm.state.Load(), origin, ds) {
 		return 0, nil
 	}
-	m := &raftv1.SyncEnvoyDomains{Origin: origin, Domains: make([]*raftv1.EnvoyDomain, len(ds))}
+	m := &raftv1.SyncEnvoyDomains{Origin: origin, Domains: make([]*raftv1.EnvoyDomain, len(ds)), TimeUnixNs: time.Now().UnixNano()}
 	for i, d := range ds {
 		m.Domains[i] = envoyToPB(d)
 	}

@@ -64,6 +64,9 @@ type fsmState struct {
 	// (requests.go), changed in place like Rules.
 	Requests *requestLog
 	History  *history // changed in place, like Rules (history.go)
+	// EnvoyHistory is every Envoy domain's history, copied on write
+	// (envoyhistory.go).
+	EnvoyHistory map[string]envoyHistory
 }
 
 func newState() *fsmState {
@@ -95,7 +98,7 @@ func (s *fsmState) sumRuleBytes() {
 func (s *fsmState) clone() *fsmState {
 	return &fsmState{Index: s.Index, Rules: s.Rules, Members: maps.Clone(s.Members),
 		Live: append([]string(nil), s.Live...), ViewEpoch: s.ViewEpoch, Envoy: s.Envoy, EnvoyIndex: s.EnvoyIndex, Overrides: s.Overrides,
-		RuleBytes: s.RuleBytes, Requests: s.Requests, History: s.History}
+		RuleBytes: s.RuleBytes, Requests: s.Requests, History: s.History, EnvoyHistory: s.EnvoyHistory}
 }
 
 // ruleChange is what an entry did to the rule table: nothing, one rule put

@@ -36,6 +36,7 @@ func encodeSnapshot(s *fsmState) ([]byte, error) {
 		m.Overrides = append(m.Overrides, overrideToPB(o))
 	}
 	m.History = s.History.toPB()
+	m.EnvoyHistory = envoyHistoryToPB(s.EnvoyHistory)
 	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(snapshotMagic[:len(snapshotMagic):len(snapshotMagic)], m)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -95,6 +96,9 @@ func decodeSnapshot(b []byte) (*fsmState, error) {
 			return nil, fmt.Errorf("malformed rule history: %w", herr)
 		}
 		s.History = h
+		if s.EnvoyHistory, err = envoyHistoryFromPB(m.EnvoyHistory); err != nil {
+			return nil, fmt.Errorf("malformed envoy domain history: %w", err)
+		}
 		return s, nil
 	}
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {

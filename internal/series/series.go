@@ -189,3 +189,41 @@ func Merge(nodes ...[]Point) []Point {
 	}
 	return out
 }
+
+// Sums returns the points from the second holding from to the second
+// holding to summed in buckets of width seconds (≥ 1), oldest first: the
+// bucket i holds the seconds from first+i×width, and its Time is the
+// first of them; the last bucket may be cut short by to. Seconds outside
+// the hour ending at now (or at the latest time seen, if later) read as
+// zeros. Unlike Range it allocates one Point per bucket, not per second,
+// so a rules list can read an hour of many rules cheaply. It returns nil
+// when from is after to.
+func (s *Series) Sums(now, from, to int64, width int64) []Point {
+	first, last := secondOf(from), secondOf(to)
+	if first > last || width < 1 {
+		return nil
+	}
+	out := make([]Point, (last-first)/width+1)
+	for i := range out {
+		out[i].Time = (first + int64(i)*width) * int64(Resolution)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slots == nil {
+		return out
+	}
+	end := max(secondOf(now), s.latest)
+	lo, hi := max(first, end-Slots+1), min(last, end)
+	for sec := lo; sec <= hi; sec++ {
+		sl := &s.slots[index(sec)]
+		if sl.sec != sec {
+			continue
+		}
+		p := &out[(sec-first)/width]
+		p.Admitted += sl.admitted
+		p.Denied += sl.denied
+		p.ShadowDenied += sl.shadowDenied
+		p.Permits += sl.permits
+	}
+	return out
+}

@@ -2,6 +2,7 @@ package series
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -349,4 +350,56 @@ func BenchmarkRangeHour(b *testing.B) {
 		s.Range(Slots*sec, 0, Slots*sec)
 	}
 	reportCPU(b, cpu)
+}
+
+// TestSums: Sums equals Range's points summed in buckets of the width,
+// for ranges inside, across and outside the hour, including an empty
+// series and a range starting before the ring's oldest second.
+func TestSums(t *testing.T) {
+	var s Series
+	r := rand.New(rand.NewPCG(3, 4))
+	now := int64(5000) * sec
+	for range 20000 {
+		at := now - r.Int64N(2*int64(Slots))*sec // half of them older than the hour
+		s.Add(max(at, 0), r.Int64N(3), r.Int64N(2), r.Int64N(2), r.Int64N(5))
+	}
+	s.Add(now, 1, 0, 0, 1)
+	tests := []struct {
+		name     string
+		from, to int64
+		width    int64
+	}{
+		{"the last 10 s in one", now - 9*sec, now, 10},
+		{"the hour by minute", now - 3599*sec, now, 60},
+		{"the hour by second", now - 3599*sec, now, 1},
+		{"two hours by 7 s, cut short", now - 7199*sec, now, 7},
+		{"the future", now + sec, now + 100*sec, 10},
+		{"one second", now, now, 60},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := s.Sums(now, tt.from, tt.to, tt.width)
+			want := make([]Point, (tt.to-tt.from)/sec/tt.width+1)
+			for i := range want {
+				want[i].Time = tt.from + int64(i)*tt.width*sec
+			}
+			for _, p := range s.Range(now, tt.from, tt.to) {
+				w := &want[(p.Time-tt.from)/sec/tt.width]
+				w.Admitted += p.Admitted
+				w.Denied += p.Denied
+				w.ShadowDenied += p.ShadowDenied
+				w.Permits += p.Permits
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("Sums:\n%v\nwant:\n%v", got, want)
+			}
+		})
+	}
+	var empty Series
+	if got := empty.Sums(now, now-59*sec, now, 60); len(got) != 1 || got[0] != (Point{Time: now - 59*sec}) {
+		t.Fatalf("empty series: %v", got)
+	}
+	if got := s.Sums(now, now, now-sec, 1); got != nil {
+		t.Fatalf("from after to: %v", got)
+	}
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/tokenserver/tokenserver/internal/console"
 	"github.com/tokenserver/tokenserver/internal/rulefile"
 	"github.com/tokenserver/tokenserver/internal/rulepb"
-	"github.com/tokenserver/tokenserver/internal/series"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -35,6 +34,7 @@ func (n *Node) consoleHandler() http.Handler {
 type consoleBackend struct {
 	n     *Node
 	admin *adminService
+	rates ruleRatesCache // the rules list's figures (visibility_rates.go)
 }
 
 var (
@@ -150,65 +150,59 @@ func (n *Node) localDecisionRate() float64 {
 	return float64(total) / rateWindow.Seconds()
 }
 
-// ListRules implements console.Backend. The live figures are this node's:
-// merging every member's series for every rule would cost a call per rule
-// and member on each refresh; the rule page shows the merged series.
+// ListRules implements console.Backend. The live figures are the
+// cluster's: one ListRuleRates (one call per member, whatever the number
+// of rules), reused for ruleRatesTTL across page loads and callers. When
+// it fails, the rules are listed without figures.
 func (b *consoleBackend) ListRules(ctx context.Context, c console.Credential) ([]console.RuleSummary, error) {
-	var out []console.RuleSummary
+	var rules []*pb.Rule
 	req := &pb.ListRulesRequest{PageSize: maxListPage}
 	for {
 		resp, err := invoke(ctx, b.n, c, pb.AdminService_ListRules_FullMethodName, req, b.admin.ListRules)
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range resp.GetRules() {
-			out = append(out, b.summary(r))
-		}
+		rules = append(rules, resp.GetRules()...)
 		if resp.GetNextPageToken() == "" {
-			return out, nil
+			break
 		}
 		req = &pb.ListRulesRequest{PageSize: maxListPage, PageToken: resp.GetNextPageToken()}
 	}
+	rates, window, _, err := b.rates.get(time.Now(), func() (*pb.ListRuleRatesResponse, error) {
+		return invoke(ctx, b.n, c, pb.AdminService_ListRuleRates_FullMethodName, &pb.ListRuleRatesRequest{}, b.admin.ListRuleRates)
+	})
+	if err != nil {
+		b.n.log.Debug("console: rule rates", "err", err)
+	}
+	out := make([]console.RuleSummary, len(rules))
+	for i, r := range rules {
+		out[i] = summary(r, rates[r.GetName()], window)
+	}
+	return out, nil
 }
 
-// summary is one rule of the rules list with this node's live figures.
-func (b *consoleBackend) summary(r *pb.Rule) console.RuleSummary {
+// summary is one rule of the rules list with the cluster's figures rr
+// over window seconds (nil rr: no decisions in the last hour).
+func summary(r *pb.Rule, rr *pb.RuleRate, window int64) console.RuleSummary {
 	s := console.RuleSummary{Name: r.GetName(), Algorithm: r.GetAlgorithm().String(), Limit: r.GetLimit(),
 		Period: r.GetPeriod().AsDuration(), Version: r.GetVersion(), Shadow: r.GetShadow()}
-	n := b.n
-	c := n.data.Table().Get(r.GetName())
-	rv := n.visibilityOf(c)
-	if rv == nil {
+	if rr == nil || window <= 0 {
 		return s
 	}
-	now := n.vis.wall()
-	hour := rv.series.Range(now, now-int64(time.Hour)+int64(time.Second), now)
-	s.Sparkline = make([]float64, 0, 60)
-	for i := 0; i < len(hour); i += 60 {
-		var sum int64
-		end := min(i+60, len(hour))
-		for _, p := range hour[i:end] {
-			sum += p.Admitted + p.Denied + p.ShadowDenied
+	steps := len(rr.GetSparkline())
+	if steps > 0 {
+		width := float64(hourSeconds / steps)
+		s.Sparkline = make([]float64, steps)
+		for i, v := range rr.GetSparkline() {
+			s.Sparkline[i] = float64(v) / width
 		}
-		s.Sparkline = append(s.Sparkline, float64(sum)/float64(end-i))
 	}
-	var recent series.Point
-	tail := hour[max(0, len(hour)-int(rateWindow/time.Second)):]
-	for _, p := range tail {
-		recent.Admitted += p.Admitted
-		recent.Denied += p.Denied
-		recent.ShadowDenied += p.ShadowDenied
-		recent.Permits += p.Permits
+	all := rr.GetAdmitted() + rr.GetDenied() + rr.GetShadowDenied()
+	s.DecisionsPerSecond = float64(all) / float64(window)
+	if all > 0 {
+		s.DeniedRatio = float64(rr.GetDenied()+rr.GetShadowDenied()) / float64(all)
 	}
-	if len(tail) > 0 {
-		secs := float64(len(tail))
-		all := recent.Admitted + recent.Denied + recent.ShadowDenied
-		s.DecisionsPerSecond = float64(all) / secs
-		if all > 0 {
-			s.DeniedRatio = float64(recent.Denied+recent.ShadowDenied) / float64(all)
-		}
-		s.Utilisation = recent.Utilisation(c.Rule.Limit, c.Rule.Period) / secs
-	}
+	s.Utilisation = utilisationOf(rr, window, r.GetLimit(), r.GetPeriod().AsDuration())
 	return s
 }
 

@@ -119,7 +119,7 @@ func (s *adminService) DeleteEnvoyDomain(ctx context.Context, req *pb.DeleteEnvo
 	if req.GetDomain() == "" {
 		return nil, toError(failf(ErrBadRequest, "domain: must not be empty"))
 	}
-	if err := st.DeleteEnvoyDomain(ctx, req.GetDomain(), req.ExpectedVersion); err != nil {
+	if err := st.DeleteEnvoyDomain(raftfsm.WithAuthor(ctx, actor(ctx)), req.GetDomain(), req.ExpectedVersion); err != nil {
 		err = s.n.onLeader(ctx, envoyNotFound(err), func(ctx context.Context, c pb.AdminServiceClient) error {
 			_, err := c.DeleteEnvoyDomain(ctx, req)
 			return err

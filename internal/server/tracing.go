@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -14,8 +15,8 @@ import (
 )
 
 // Tracing: with Config.TracerProvider set, the node makes an
-// OpenTelemetry server span for each traced method (decisions and rule
-// writes), a child of the W3C trace context the call carries
+// OpenTelemetry server span for each traced method (decisions, Envoy's
+// ShouldRateLimit and rule writes), a child of the W3C trace context the call carries
 // (traceparent, tracestate in its metadata). Calls it forwards to other
 // nodes (to a key's owner, to the leader, the visibility fan-out) carry
 // the context of its span, so the next node's span is its child and one
@@ -29,6 +30,9 @@ var tracedMethods = map[string]bool{
 	pb.AdminService_PutRule_FullMethodName:       true,
 	pb.AdminService_DeleteRule_FullMethodName:    true,
 	pb.AdminService_RollbackRule_FullMethodName:  true,
+	// Envoy's calls, and the hit batches a node forwards to the owners
+	// of their counters (envoy_decide.go): the hop is a child span.
+	rlpb.RateLimitService_ShouldRateLimit_FullMethodName: true,
 }
 
 // propagator reads and writes W3C trace context; it holds no state.

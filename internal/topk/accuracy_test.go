@@ -54,18 +54,25 @@ func TestZipfAccuracy(t *testing.T) {
 		w         Window
 		span      time.Duration // the stream is spread evenly over span
 		minRecall float64
+		sample    int // Config.SampleEvery (ExactPerBucket 10,000)
 	}{
-		{"one 10s bucket, k=128", 128, Minute, 10*time.Second - 1, 0},
-		{"one 10s bucket, k=256", 256, Minute, 10*time.Second - 1, 1},
-		{"minute window (6 buckets), k=64", 64, Minute, time.Minute - 1, 0},
-		{"minute window (6 buckets), k=128", 128, Minute, time.Minute - 1, 0},
-		{"minute window (6 buckets), k=256", 256, Minute, time.Minute - 1, 1},
-		{"hour window (12 buckets), k=256", 256, Hour, time.Hour - 1, 1},
+		{"one 10s bucket, k=128", 128, Minute, 10*time.Second - 1, 0, 0},
+		{"one 10s bucket, k=256", 256, Minute, 10*time.Second - 1, 1, 0},
+		{"minute window (6 buckets), k=64", 64, Minute, time.Minute - 1, 0, 0},
+		{"minute window (6 buckets), k=128", 128, Minute, time.Minute - 1, 0, 0},
+		{"minute window (6 buckets), k=256", 256, Minute, time.Minute - 1, 1, 0},
+		{"hour window (12 buckets), k=256", 256, Hour, time.Hour - 1, 1, 0},
+		// The server's settings: k=64, 1 in 16 sampled past 10,000
+		// decisions per bucket.
+		{"minute window, k=64, sampled 1/16", 64, Minute, time.Minute - 1, 0, 16},
+		{"minute window, k=256, sampled 1/16", 256, Minute, time.Minute - 1, 0.9, 16},
+		{"hour window, k=64, sampled 1/16", 64, Hour, time.Hour - 1, 0, 16},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Capacity = tt.capacity
+			cfg.SampleEvery, cfg.ExactPerBucket = tt.sample, 10000
 			s, err := New(cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -75,7 +82,11 @@ func TestZipfAccuracy(t *testing.T) {
 				s.Observe(span*int64(i)/n, k, 1, false)
 			}
 			snap := s.Snapshot(span, tt.w, false)
-			checkSummary(t, snap, exact, n, n/int64(tt.capacity))
+			if tt.sample > 1 {
+				checkSampled(t, snap, exact, n, int64(tt.capacity), int64(tt.sample))
+			} else {
+				checkSummary(t, snap, exact, n, n/int64(tt.capacity))
+			}
 			got := snap.Top(top)
 			inTrue := map[string]bool{}
 			for _, e := range want[:top] {
@@ -92,8 +103,8 @@ func TestZipfAccuracy(t *testing.T) {
 			}
 			recall := float64(hits) / top
 			precision := float64(hits) / float64(len(got))
-			t.Logf("k=%d %v: top-%d recall %.2f precision %.2f; max(count-true) %d, max reported error %d, floor %d, N/k %d (20th true count %d)",
-				tt.capacity, tt.w, top, recall, precision, maxDiff, maxErr, snap.Floor, n/int64(tt.capacity), want[top-1].Count)
+			t.Logf("k=%d %v sample=1/%d: top-%d recall %.2f precision %.2f; max(count-true) %d, max reported error %d, floor %d, N/k %d (20th true count %d)",
+				tt.capacity, tt.w, max(tt.sample, 1), top, recall, precision, maxDiff, maxErr, snap.Floor, n/int64(tt.capacity), want[top-1].Count)
 			if recall < tt.minRecall {
 				t.Errorf("recall %.2f below %.2f: %v", recall, tt.minRecall, fmt.Sprint(got))
 			}

@@ -299,6 +299,12 @@ func TestConfigValidate(t *testing.T) {
 		{"hour bucket below a minute", func(c *Config) { c.HourBucket = 30 * time.Second }, "HourBucket"},
 		{"hour bucket not dividing", func(c *Config) { c.HourBucket = 7 * time.Minute }, "HourBucket"},
 		{"negative hour bucket", func(c *Config) { c.HourBucket = -time.Minute }, "HourBucket"},
+		{"sampling", func(c *Config) { c.SampleEvery, c.ExactPerBucket = 16, 1000 }, ""},
+		{"sample every one", func(c *Config) { c.SampleEvery = 1 }, ""},
+		{"sample every not a power of two", func(c *Config) { c.SampleEvery = 12 }, "SampleEvery"},
+		{"sample every too large", func(c *Config) { c.SampleEvery = 2 * MaxSampleEvery }, "SampleEvery"},
+		{"negative sample every", func(c *Config) { c.SampleEvery = -2 }, "SampleEvery"},
+		{"negative exact per bucket", func(c *Config) { c.ExactPerBucket = -1 }, "ExactPerBucket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

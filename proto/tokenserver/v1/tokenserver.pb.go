@@ -4804,6 +4804,416 @@ func (*DeleteEnvoyDomainResponse) Descriptor() ([]byte, []int) {
 	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{69}
 }
 
+// EnvoyDomainVersion is one version of an Envoy domain in its history.
+type EnvoyDomainVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The domain as it was; unset for a deletion.
+	Domain     *EnvoyDomain `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Version    uint64       `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Principal  string       `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs int64        `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// PUT, DELETE or SYNC (written by a watched file or xDS source).
+	Change        string `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomainVersion) Reset() {
+	*x = EnvoyDomainVersion{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomainVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomainVersion) ProtoMessage() {}
+
+func (x *EnvoyDomainVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomainVersion.ProtoReflect.Descriptor instead.
+func (*EnvoyDomainVersion) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *EnvoyDomainVersion) GetDomain() *EnvoyDomain {
+	if x != nil {
+		return x.Domain
+	}
+	return nil
+}
+
+func (x *EnvoyDomainVersion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *EnvoyDomainVersion) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *EnvoyDomainVersion) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *EnvoyDomainVersion) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+type EnvoyDomainHistoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Local         bool                   `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomainHistoryRequest) Reset() {
+	*x = EnvoyDomainHistoryRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomainHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomainHistoryRequest) ProtoMessage() {}
+
+func (x *EnvoyDomainHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomainHistoryRequest.ProtoReflect.Descriptor instead.
+func (*EnvoyDomainHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *EnvoyDomainHistoryRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *EnvoyDomainHistoryRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type EnvoyDomainHistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Versions      []*EnvoyDomainVersion  `protobuf:"bytes,1,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomainHistoryResponse) Reset() {
+	*x = EnvoyDomainHistoryResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomainHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomainHistoryResponse) ProtoMessage() {}
+
+func (x *EnvoyDomainHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomainHistoryResponse.ProtoReflect.Descriptor instead.
+func (*EnvoyDomainHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *EnvoyDomainHistoryResponse) GetVersions() []*EnvoyDomainVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+type ListRuleRatesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The last second of the figures, Unix seconds (default: now). The
+	// answering node asks the others with its own, so the sums line up.
+	ToUnix int64 `protobuf:"varint,1,opt,name=to_unix,json=toUnix,proto3" json:"to_unix,omitempty"`
+	// Seconds the recent figures sum: default 10, at most 60.
+	WindowSeconds int32 `protobuf:"varint,2,opt,name=window_seconds,json=windowSeconds,proto3" json:"window_seconds,omitempty"`
+	// Points of the last hour's sparkline: default 60, a divisor of 3600.
+	Steps         int32 `protobuf:"varint,3,opt,name=steps,proto3" json:"steps,omitempty"`
+	Local         bool  `protobuf:"varint,4,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRuleRatesRequest) Reset() {
+	*x = ListRuleRatesRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRuleRatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRuleRatesRequest) ProtoMessage() {}
+
+func (x *ListRuleRatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRuleRatesRequest.ProtoReflect.Descriptor instead.
+func (*ListRuleRatesRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ListRuleRatesRequest) GetToUnix() int64 {
+	if x != nil {
+		return x.ToUnix
+	}
+	return 0
+}
+
+func (x *ListRuleRatesRequest) GetWindowSeconds() int32 {
+	if x != nil {
+		return x.WindowSeconds
+	}
+	return 0
+}
+
+func (x *ListRuleRatesRequest) GetSteps() int32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *ListRuleRatesRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+// RuleRate is one rule's figures: sums over the window, and the
+// decisions of each sparkline step over the last hour, oldest first.
+type RuleRate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Admitted      int64                  `protobuf:"varint,2,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Denied        int64                  `protobuf:"varint,3,opt,name=denied,proto3" json:"denied,omitempty"`
+	ShadowDenied  int64                  `protobuf:"varint,4,opt,name=shadow_denied,json=shadowDenied,proto3" json:"shadow_denied,omitempty"`
+	Permits       int64                  `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
+	Sparkline     []int64                `protobuf:"varint,6,rep,packed,name=sparkline,proto3" json:"sparkline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleRate) Reset() {
+	*x = RuleRate{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleRate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleRate) ProtoMessage() {}
+
+func (x *RuleRate) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleRate.ProtoReflect.Descriptor instead.
+func (*RuleRate) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *RuleRate) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RuleRate) GetAdmitted() int64 {
+	if x != nil {
+		return x.Admitted
+	}
+	return 0
+}
+
+func (x *RuleRate) GetDenied() int64 {
+	if x != nil {
+		return x.Denied
+	}
+	return 0
+}
+
+func (x *RuleRate) GetShadowDenied() int64 {
+	if x != nil {
+		return x.ShadowDenied
+	}
+	return 0
+}
+
+func (x *RuleRate) GetPermits() int64 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+func (x *RuleRate) GetSparkline() []int64 {
+	if x != nil {
+		return x.Sparkline
+	}
+	return nil
+}
+
+type ListRuleRatesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rules with decisions in the last hour, sorted by name.
+	Rates         []*RuleRate `protobuf:"bytes,1,rep,name=rates,proto3" json:"rates,omitempty"`
+	MissingNodes  []string    `protobuf:"bytes,2,rep,name=missing_nodes,json=missingNodes,proto3" json:"missing_nodes,omitempty"`
+	ToUnix        int64       `protobuf:"varint,3,opt,name=to_unix,json=toUnix,proto3" json:"to_unix,omitempty"`
+	WindowSeconds int32       `protobuf:"varint,4,opt,name=window_seconds,json=windowSeconds,proto3" json:"window_seconds,omitempty"`
+	Steps         int32       `protobuf:"varint,5,opt,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRuleRatesResponse) Reset() {
+	*x = ListRuleRatesResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRuleRatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRuleRatesResponse) ProtoMessage() {}
+
+func (x *ListRuleRatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRuleRatesResponse.ProtoReflect.Descriptor instead.
+func (*ListRuleRatesResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *ListRuleRatesResponse) GetRates() []*RuleRate {
+	if x != nil {
+		return x.Rates
+	}
+	return nil
+}
+
+func (x *ListRuleRatesResponse) GetMissingNodes() []string {
+	if x != nil {
+		return x.MissingNodes
+	}
+	return nil
+}
+
+func (x *ListRuleRatesResponse) GetToUnix() int64 {
+	if x != nil {
+		return x.ToUnix
+	}
+	return 0
+}
+
+func (x *ListRuleRatesResponse) GetWindowSeconds() int32 {
+	if x != nil {
+		return x.WindowSeconds
+	}
+	return 0
+}
+
+func (x *ListRuleRatesResponse) GetSteps() int32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
 var File_tokenserver_v1_tokenserver_proto protoreflect.FileDescriptor
 
 const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
@@ -5132,7 +5542,37 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12.\n" +
 	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
 	"\x11_expected_version\"\x1b\n" +
-	"\x19DeleteEnvoyDomainResponse*\x92\x01\n" +
+	"\x19DeleteEnvoyDomainResponse\"\xbb\x01\n" +
+	"\x12EnvoyDomainVersion\x123\n" +
+	"\x06domain\x18\x01 \x01(\v2\x1b.tokenserver.v1.EnvoyDomainR\x06domain\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\x05 \x01(\tR\x06change\"I\n" +
+	"\x19EnvoyDomainHistoryRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"\\\n" +
+	"\x1aEnvoyDomainHistoryResponse\x12>\n" +
+	"\bversions\x18\x01 \x03(\v2\".tokenserver.v1.EnvoyDomainVersionR\bversions\"\x82\x01\n" +
+	"\x14ListRuleRatesRequest\x12\x17\n" +
+	"\ato_unix\x18\x01 \x01(\x03R\x06toUnix\x12%\n" +
+	"\x0ewindow_seconds\x18\x02 \x01(\x05R\rwindowSeconds\x12\x14\n" +
+	"\x05steps\x18\x03 \x01(\x05R\x05steps\x12\x14\n" +
+	"\x05local\x18\x04 \x01(\bR\x05local\"\xaf\x01\n" +
+	"\bRuleRate\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
+	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
+	"\x06denied\x18\x03 \x01(\x03R\x06denied\x12#\n" +
+	"\rshadow_denied\x18\x04 \x01(\x03R\fshadowDenied\x12\x18\n" +
+	"\apermits\x18\x05 \x01(\x03R\apermits\x12\x1c\n" +
+	"\tsparkline\x18\x06 \x03(\x03R\tsparkline\"\xc2\x01\n" +
+	"\x15ListRuleRatesResponse\x12.\n" +
+	"\x05rates\x18\x01 \x03(\v2\x18.tokenserver.v1.RuleRateR\x05rates\x12#\n" +
+	"\rmissing_nodes\x18\x02 \x03(\tR\fmissingNodes\x12\x17\n" +
+	"\ato_unix\x18\x03 \x01(\x03R\x06toUnix\x12%\n" +
+	"\x0ewindow_seconds\x18\x04 \x01(\x05R\rwindowSeconds\x12\x14\n" +
+	"\x05steps\x18\x05 \x01(\x05R\x05steps*\x92\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTOKEN_BUCKET\x10\x01\x12\x10\n" +
@@ -5171,7 +5611,7 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"RenewLease\x12!.tokenserver.v1.RenewLeaseRequest\x1a\".tokenserver.v1.RenewLeaseResponse\x12T\n" +
 	"\x0eGetClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView\x12X\n" +
 	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x01\x12V\n" +
-	"\vCommitToken\x12\".tokenserver.v1.CommitTokenRequest\x1a#.tokenserver.v1.CommitTokenResponse2\xf3\x0f\n" +
+	"\vCommitToken\x12\".tokenserver.v1.CommitTokenRequest\x1a#.tokenserver.v1.CommitTokenResponse2\xbe\x11\n" +
 	"\fAdminService\x12J\n" +
 	"\aPutRule\x12\x1e.tokenserver.v1.PutRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12?\n" +
 	"\aGetRule\x12\x1e.tokenserver.v1.GetRuleRequest\x1a\x14.tokenserver.v1.Rule\x12P\n" +
@@ -5198,7 +5638,9 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x0ePutEnvoyDomain\x12%.tokenserver.v1.PutEnvoyDomainRequest\x1a&.tokenserver.v1.PutEnvoyDomainResponse\x12T\n" +
 	"\x0eGetEnvoyDomain\x12%.tokenserver.v1.GetEnvoyDomainRequest\x1a\x1b.tokenserver.v1.EnvoyDomain\x12e\n" +
 	"\x10ListEnvoyDomains\x12'.tokenserver.v1.ListEnvoyDomainsRequest\x1a(.tokenserver.v1.ListEnvoyDomainsResponse\x12h\n" +
-	"\x11DeleteEnvoyDomain\x12(.tokenserver.v1.DeleteEnvoyDomainRequest\x1a).tokenserver.v1.DeleteEnvoyDomainResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
+	"\x11DeleteEnvoyDomain\x12(.tokenserver.v1.DeleteEnvoyDomainRequest\x1a).tokenserver.v1.DeleteEnvoyDomainResponse\x12k\n" +
+	"\x12EnvoyDomainHistory\x12).tokenserver.v1.EnvoyDomainHistoryRequest\x1a*.tokenserver.v1.EnvoyDomainHistoryResponse\x12\\\n" +
+	"\rListRuleRates\x12$.tokenserver.v1.ListRuleRatesRequest\x1a%.tokenserver.v1.ListRuleRatesResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
 
 var (
 	file_tokenserver_v1_tokenserver_proto_rawDescOnce sync.Once
@@ -5213,118 +5655,124 @@ func file_tokenserver_v1_tokenserver_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
-	(Algorithm)(0),                    // 0: tokenserver.v1.Algorithm
-	(FallbackPolicy)(0),               // 1: tokenserver.v1.FallbackPolicy
-	(Reason)(0),                       // 2: tokenserver.v1.Reason
-	(Calendar)(0),                     // 3: tokenserver.v1.Calendar
-	(TopKeysWindow)(0),                // 4: tokenserver.v1.TopKeysWindow
-	(*Rule)(nil),                      // 5: tokenserver.v1.Rule
-	(*InlinePolicy)(nil),              // 6: tokenserver.v1.InlinePolicy
-	(*InlineLimit)(nil),               // 7: tokenserver.v1.InlineLimit
-	(*Override)(nil),                  // 8: tokenserver.v1.Override
-	(*Fallback)(nil),                  // 9: tokenserver.v1.Fallback
-	(*LeaseSettings)(nil),             // 10: tokenserver.v1.LeaseSettings
-	(*AcquireTokenRequest)(nil),       // 11: tokenserver.v1.AcquireTokenRequest
-	(*AcquireTokenResponse)(nil),      // 12: tokenserver.v1.AcquireTokenResponse
-	(*AcquireTokensRequest)(nil),      // 13: tokenserver.v1.AcquireTokensRequest
-	(*AcquireTokensResponse)(nil),     // 14: tokenserver.v1.AcquireTokensResponse
-	(*AcquireTokensResult)(nil),       // 15: tokenserver.v1.AcquireTokensResult
-	(*RefillTokenRequest)(nil),        // 16: tokenserver.v1.RefillTokenRequest
-	(*RefillTokenResponse)(nil),       // 17: tokenserver.v1.RefillTokenResponse
-	(*RenewLeaseRequest)(nil),         // 18: tokenserver.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),        // 19: tokenserver.v1.RenewLeaseResponse
-	(*GetClusterViewRequest)(nil),     // 20: tokenserver.v1.GetClusterViewRequest
-	(*ClusterView)(nil),               // 21: tokenserver.v1.ClusterView
-	(*Member)(nil),                    // 22: tokenserver.v1.Member
-	(*ClientRule)(nil),                // 23: tokenserver.v1.ClientRule
-	(*PutRuleRequest)(nil),            // 24: tokenserver.v1.PutRuleRequest
-	(*PutRuleResponse)(nil),           // 25: tokenserver.v1.PutRuleResponse
-	(*GetRuleRequest)(nil),            // 26: tokenserver.v1.GetRuleRequest
-	(*ListRulesRequest)(nil),          // 27: tokenserver.v1.ListRulesRequest
-	(*ListRulesResponse)(nil),         // 28: tokenserver.v1.ListRulesResponse
-	(*DeleteRuleRequest)(nil),         // 29: tokenserver.v1.DeleteRuleRequest
-	(*DeleteRuleResponse)(nil),        // 30: tokenserver.v1.DeleteRuleResponse
-	(*ClusterStatusRequest)(nil),      // 31: tokenserver.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),     // 32: tokenserver.v1.ClusterStatusResponse
-	(*MemberStatus)(nil),              // 33: tokenserver.v1.MemberStatus
-	(*NodeStatusRequest)(nil),         // 34: tokenserver.v1.NodeStatusRequest
-	(*NodeStatusResponse)(nil),        // 35: tokenserver.v1.NodeStatusResponse
-	(*JoinClusterRequest)(nil),        // 36: tokenserver.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),       // 37: tokenserver.v1.JoinClusterResponse
-	(*RemoveMemberRequest)(nil),       // 38: tokenserver.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),      // 39: tokenserver.v1.RemoveMemberResponse
-	(*DrainMemberRequest)(nil),        // 40: tokenserver.v1.DrainMemberRequest
-	(*DrainMemberResponse)(nil),       // 41: tokenserver.v1.DrainMemberResponse
-	(*SnapshotSaveRequest)(nil),       // 42: tokenserver.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),             // 43: tokenserver.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),   // 44: tokenserver.v1.SnapshotRestoreResponse
-	(*CommitTokenRequest)(nil),        // 45: tokenserver.v1.CommitTokenRequest
-	(*CommitTokenResponse)(nil),       // 46: tokenserver.v1.CommitTokenResponse
-	(*RuleOverride)(nil),              // 47: tokenserver.v1.RuleOverride
-	(*PutOverrideRequest)(nil),        // 48: tokenserver.v1.PutOverrideRequest
-	(*PutOverrideResponse)(nil),       // 49: tokenserver.v1.PutOverrideResponse
-	(*DeleteOverrideRequest)(nil),     // 50: tokenserver.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil),    // 51: tokenserver.v1.DeleteOverrideResponse
-	(*ListOverridesRequest)(nil),      // 52: tokenserver.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),     // 53: tokenserver.v1.ListOverridesResponse
-	(*TopKeysRequest)(nil),            // 54: tokenserver.v1.TopKeysRequest
-	(*TopKey)(nil),                    // 55: tokenserver.v1.TopKey
-	(*TopKeysResponse)(nil),           // 56: tokenserver.v1.TopKeysResponse
-	(*RuleSeriesRequest)(nil),         // 57: tokenserver.v1.RuleSeriesRequest
-	(*SeriesPoint)(nil),               // 58: tokenserver.v1.SeriesPoint
-	(*RuleSeriesResponse)(nil),        // 59: tokenserver.v1.RuleSeriesResponse
-	(*RuleVersion)(nil),               // 60: tokenserver.v1.RuleVersion
-	(*RuleHistoryRequest)(nil),        // 61: tokenserver.v1.RuleHistoryRequest
-	(*RuleHistoryResponse)(nil),       // 62: tokenserver.v1.RuleHistoryResponse
-	(*RollbackRuleRequest)(nil),       // 63: tokenserver.v1.RollbackRuleRequest
-	(*DiffRulesRequest)(nil),          // 64: tokenserver.v1.DiffRulesRequest
-	(*RuleDiff)(nil),                  // 65: tokenserver.v1.RuleDiff
-	(*DiffRulesResponse)(nil),         // 66: tokenserver.v1.DiffRulesResponse
-	(*EnvoyDomain)(nil),               // 67: tokenserver.v1.EnvoyDomain
-	(*PutEnvoyDomainRequest)(nil),     // 68: tokenserver.v1.PutEnvoyDomainRequest
-	(*PutEnvoyDomainResponse)(nil),    // 69: tokenserver.v1.PutEnvoyDomainResponse
-	(*GetEnvoyDomainRequest)(nil),     // 70: tokenserver.v1.GetEnvoyDomainRequest
-	(*ListEnvoyDomainsRequest)(nil),   // 71: tokenserver.v1.ListEnvoyDomainsRequest
-	(*ListEnvoyDomainsResponse)(nil),  // 72: tokenserver.v1.ListEnvoyDomainsResponse
-	(*DeleteEnvoyDomainRequest)(nil),  // 73: tokenserver.v1.DeleteEnvoyDomainRequest
-	(*DeleteEnvoyDomainResponse)(nil), // 74: tokenserver.v1.DeleteEnvoyDomainResponse
-	(*durationpb.Duration)(nil),       // 75: google.protobuf.Duration
-	(*status.Status)(nil),             // 76: google.rpc.Status
+	(Algorithm)(0),                     // 0: tokenserver.v1.Algorithm
+	(FallbackPolicy)(0),                // 1: tokenserver.v1.FallbackPolicy
+	(Reason)(0),                        // 2: tokenserver.v1.Reason
+	(Calendar)(0),                      // 3: tokenserver.v1.Calendar
+	(TopKeysWindow)(0),                 // 4: tokenserver.v1.TopKeysWindow
+	(*Rule)(nil),                       // 5: tokenserver.v1.Rule
+	(*InlinePolicy)(nil),               // 6: tokenserver.v1.InlinePolicy
+	(*InlineLimit)(nil),                // 7: tokenserver.v1.InlineLimit
+	(*Override)(nil),                   // 8: tokenserver.v1.Override
+	(*Fallback)(nil),                   // 9: tokenserver.v1.Fallback
+	(*LeaseSettings)(nil),              // 10: tokenserver.v1.LeaseSettings
+	(*AcquireTokenRequest)(nil),        // 11: tokenserver.v1.AcquireTokenRequest
+	(*AcquireTokenResponse)(nil),       // 12: tokenserver.v1.AcquireTokenResponse
+	(*AcquireTokensRequest)(nil),       // 13: tokenserver.v1.AcquireTokensRequest
+	(*AcquireTokensResponse)(nil),      // 14: tokenserver.v1.AcquireTokensResponse
+	(*AcquireTokensResult)(nil),        // 15: tokenserver.v1.AcquireTokensResult
+	(*RefillTokenRequest)(nil),         // 16: tokenserver.v1.RefillTokenRequest
+	(*RefillTokenResponse)(nil),        // 17: tokenserver.v1.RefillTokenResponse
+	(*RenewLeaseRequest)(nil),          // 18: tokenserver.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),         // 19: tokenserver.v1.RenewLeaseResponse
+	(*GetClusterViewRequest)(nil),      // 20: tokenserver.v1.GetClusterViewRequest
+	(*ClusterView)(nil),                // 21: tokenserver.v1.ClusterView
+	(*Member)(nil),                     // 22: tokenserver.v1.Member
+	(*ClientRule)(nil),                 // 23: tokenserver.v1.ClientRule
+	(*PutRuleRequest)(nil),             // 24: tokenserver.v1.PutRuleRequest
+	(*PutRuleResponse)(nil),            // 25: tokenserver.v1.PutRuleResponse
+	(*GetRuleRequest)(nil),             // 26: tokenserver.v1.GetRuleRequest
+	(*ListRulesRequest)(nil),           // 27: tokenserver.v1.ListRulesRequest
+	(*ListRulesResponse)(nil),          // 28: tokenserver.v1.ListRulesResponse
+	(*DeleteRuleRequest)(nil),          // 29: tokenserver.v1.DeleteRuleRequest
+	(*DeleteRuleResponse)(nil),         // 30: tokenserver.v1.DeleteRuleResponse
+	(*ClusterStatusRequest)(nil),       // 31: tokenserver.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 32: tokenserver.v1.ClusterStatusResponse
+	(*MemberStatus)(nil),               // 33: tokenserver.v1.MemberStatus
+	(*NodeStatusRequest)(nil),          // 34: tokenserver.v1.NodeStatusRequest
+	(*NodeStatusResponse)(nil),         // 35: tokenserver.v1.NodeStatusResponse
+	(*JoinClusterRequest)(nil),         // 36: tokenserver.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),        // 37: tokenserver.v1.JoinClusterResponse
+	(*RemoveMemberRequest)(nil),        // 38: tokenserver.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 39: tokenserver.v1.RemoveMemberResponse
+	(*DrainMemberRequest)(nil),         // 40: tokenserver.v1.DrainMemberRequest
+	(*DrainMemberResponse)(nil),        // 41: tokenserver.v1.DrainMemberResponse
+	(*SnapshotSaveRequest)(nil),        // 42: tokenserver.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 43: tokenserver.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 44: tokenserver.v1.SnapshotRestoreResponse
+	(*CommitTokenRequest)(nil),         // 45: tokenserver.v1.CommitTokenRequest
+	(*CommitTokenResponse)(nil),        // 46: tokenserver.v1.CommitTokenResponse
+	(*RuleOverride)(nil),               // 47: tokenserver.v1.RuleOverride
+	(*PutOverrideRequest)(nil),         // 48: tokenserver.v1.PutOverrideRequest
+	(*PutOverrideResponse)(nil),        // 49: tokenserver.v1.PutOverrideResponse
+	(*DeleteOverrideRequest)(nil),      // 50: tokenserver.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil),     // 51: tokenserver.v1.DeleteOverrideResponse
+	(*ListOverridesRequest)(nil),       // 52: tokenserver.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),      // 53: tokenserver.v1.ListOverridesResponse
+	(*TopKeysRequest)(nil),             // 54: tokenserver.v1.TopKeysRequest
+	(*TopKey)(nil),                     // 55: tokenserver.v1.TopKey
+	(*TopKeysResponse)(nil),            // 56: tokenserver.v1.TopKeysResponse
+	(*RuleSeriesRequest)(nil),          // 57: tokenserver.v1.RuleSeriesRequest
+	(*SeriesPoint)(nil),                // 58: tokenserver.v1.SeriesPoint
+	(*RuleSeriesResponse)(nil),         // 59: tokenserver.v1.RuleSeriesResponse
+	(*RuleVersion)(nil),                // 60: tokenserver.v1.RuleVersion
+	(*RuleHistoryRequest)(nil),         // 61: tokenserver.v1.RuleHistoryRequest
+	(*RuleHistoryResponse)(nil),        // 62: tokenserver.v1.RuleHistoryResponse
+	(*RollbackRuleRequest)(nil),        // 63: tokenserver.v1.RollbackRuleRequest
+	(*DiffRulesRequest)(nil),           // 64: tokenserver.v1.DiffRulesRequest
+	(*RuleDiff)(nil),                   // 65: tokenserver.v1.RuleDiff
+	(*DiffRulesResponse)(nil),          // 66: tokenserver.v1.DiffRulesResponse
+	(*EnvoyDomain)(nil),                // 67: tokenserver.v1.EnvoyDomain
+	(*PutEnvoyDomainRequest)(nil),      // 68: tokenserver.v1.PutEnvoyDomainRequest
+	(*PutEnvoyDomainResponse)(nil),     // 69: tokenserver.v1.PutEnvoyDomainResponse
+	(*GetEnvoyDomainRequest)(nil),      // 70: tokenserver.v1.GetEnvoyDomainRequest
+	(*ListEnvoyDomainsRequest)(nil),    // 71: tokenserver.v1.ListEnvoyDomainsRequest
+	(*ListEnvoyDomainsResponse)(nil),   // 72: tokenserver.v1.ListEnvoyDomainsResponse
+	(*DeleteEnvoyDomainRequest)(nil),   // 73: tokenserver.v1.DeleteEnvoyDomainRequest
+	(*DeleteEnvoyDomainResponse)(nil),  // 74: tokenserver.v1.DeleteEnvoyDomainResponse
+	(*EnvoyDomainVersion)(nil),         // 75: tokenserver.v1.EnvoyDomainVersion
+	(*EnvoyDomainHistoryRequest)(nil),  // 76: tokenserver.v1.EnvoyDomainHistoryRequest
+	(*EnvoyDomainHistoryResponse)(nil), // 77: tokenserver.v1.EnvoyDomainHistoryResponse
+	(*ListRuleRatesRequest)(nil),       // 78: tokenserver.v1.ListRuleRatesRequest
+	(*RuleRate)(nil),                   // 79: tokenserver.v1.RuleRate
+	(*ListRuleRatesResponse)(nil),      // 80: tokenserver.v1.ListRuleRatesResponse
+	(*durationpb.Duration)(nil),        // 81: google.protobuf.Duration
+	(*status.Status)(nil),              // 82: google.rpc.Status
 }
 var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	0,  // 0: tokenserver.v1.Rule.algorithm:type_name -> tokenserver.v1.Algorithm
-	75, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
-	75, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
-	75, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
+	81, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
+	81, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
+	81, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
 	8,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
 	9,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
 	10, // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
 	3,  // 7: tokenserver.v1.Rule.calendar:type_name -> tokenserver.v1.Calendar
 	6,  // 8: tokenserver.v1.Rule.inline:type_name -> tokenserver.v1.InlinePolicy
-	75, // 9: tokenserver.v1.Rule.reservation_ttl:type_name -> google.protobuf.Duration
-	75, // 10: tokenserver.v1.InlinePolicy.max_period:type_name -> google.protobuf.Duration
+	81, // 9: tokenserver.v1.Rule.reservation_ttl:type_name -> google.protobuf.Duration
+	81, // 10: tokenserver.v1.InlinePolicy.max_period:type_name -> google.protobuf.Duration
 	0,  // 11: tokenserver.v1.InlineLimit.algorithm:type_name -> tokenserver.v1.Algorithm
 	1,  // 12: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
-	75, // 13: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	81, // 13: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
 	7,  // 14: tokenserver.v1.AcquireTokenRequest.limit:type_name -> tokenserver.v1.InlineLimit
 	2,  // 15: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
 	11, // 16: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
 	15, // 17: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
-	76, // 18: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
+	82, // 18: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
 	12, // 19: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
 	22, // 20: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
 	23, // 21: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
 	0,  // 22: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
-	75, // 23: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
+	81, // 23: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
 	9,  // 24: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
 	10, // 25: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
 	5,  // 26: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
 	5,  // 27: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
 	5,  // 28: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
 	33, // 29: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
-	75, // 30: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
+	81, // 30: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
 	47, // 31: tokenserver.v1.PutOverrideRequest.override:type_name -> tokenserver.v1.RuleOverride
 	47, // 32: tokenserver.v1.PutOverrideResponse.override:type_name -> tokenserver.v1.RuleOverride
 	47, // 33: tokenserver.v1.ListOverridesResponse.overrides:type_name -> tokenserver.v1.RuleOverride
@@ -5339,71 +5787,78 @@ var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	65, // 42: tokenserver.v1.DiffRulesResponse.diffs:type_name -> tokenserver.v1.RuleDiff
 	67, // 43: tokenserver.v1.PutEnvoyDomainResponse.domain:type_name -> tokenserver.v1.EnvoyDomain
 	67, // 44: tokenserver.v1.ListEnvoyDomainsResponse.domains:type_name -> tokenserver.v1.EnvoyDomain
-	11, // 45: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
-	13, // 46: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
-	16, // 47: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
-	18, // 48: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
-	20, // 49: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	20, // 50: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	45, // 51: tokenserver.v1.TokenService.CommitToken:input_type -> tokenserver.v1.CommitTokenRequest
-	24, // 52: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
-	26, // 53: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
-	27, // 54: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
-	29, // 55: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
-	31, // 56: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
-	34, // 57: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
-	36, // 58: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
-	38, // 59: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
-	40, // 60: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
-	42, // 61: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
-	43, // 62: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
-	48, // 63: tokenserver.v1.AdminService.PutOverride:input_type -> tokenserver.v1.PutOverrideRequest
-	50, // 64: tokenserver.v1.AdminService.DeleteOverride:input_type -> tokenserver.v1.DeleteOverrideRequest
-	52, // 65: tokenserver.v1.AdminService.ListOverrides:input_type -> tokenserver.v1.ListOverridesRequest
-	54, // 66: tokenserver.v1.AdminService.TopKeys:input_type -> tokenserver.v1.TopKeysRequest
-	57, // 67: tokenserver.v1.AdminService.RuleSeries:input_type -> tokenserver.v1.RuleSeriesRequest
-	61, // 68: tokenserver.v1.AdminService.RuleHistory:input_type -> tokenserver.v1.RuleHistoryRequest
-	63, // 69: tokenserver.v1.AdminService.RollbackRule:input_type -> tokenserver.v1.RollbackRuleRequest
-	64, // 70: tokenserver.v1.AdminService.DiffRules:input_type -> tokenserver.v1.DiffRulesRequest
-	68, // 71: tokenserver.v1.AdminService.PutEnvoyDomain:input_type -> tokenserver.v1.PutEnvoyDomainRequest
-	70, // 72: tokenserver.v1.AdminService.GetEnvoyDomain:input_type -> tokenserver.v1.GetEnvoyDomainRequest
-	71, // 73: tokenserver.v1.AdminService.ListEnvoyDomains:input_type -> tokenserver.v1.ListEnvoyDomainsRequest
-	73, // 74: tokenserver.v1.AdminService.DeleteEnvoyDomain:input_type -> tokenserver.v1.DeleteEnvoyDomainRequest
-	12, // 75: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	14, // 76: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	17, // 77: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	19, // 78: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	21, // 79: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 80: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	46, // 81: tokenserver.v1.TokenService.CommitToken:output_type -> tokenserver.v1.CommitTokenResponse
-	25, // 82: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	5,  // 83: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	28, // 84: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	30, // 85: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	32, // 86: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
-	35, // 87: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
-	37, // 88: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
-	39, // 89: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
-	41, // 90: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
-	43, // 91: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
-	44, // 92: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
-	49, // 93: tokenserver.v1.AdminService.PutOverride:output_type -> tokenserver.v1.PutOverrideResponse
-	51, // 94: tokenserver.v1.AdminService.DeleteOverride:output_type -> tokenserver.v1.DeleteOverrideResponse
-	53, // 95: tokenserver.v1.AdminService.ListOverrides:output_type -> tokenserver.v1.ListOverridesResponse
-	56, // 96: tokenserver.v1.AdminService.TopKeys:output_type -> tokenserver.v1.TopKeysResponse
-	59, // 97: tokenserver.v1.AdminService.RuleSeries:output_type -> tokenserver.v1.RuleSeriesResponse
-	62, // 98: tokenserver.v1.AdminService.RuleHistory:output_type -> tokenserver.v1.RuleHistoryResponse
-	25, // 99: tokenserver.v1.AdminService.RollbackRule:output_type -> tokenserver.v1.PutRuleResponse
-	66, // 100: tokenserver.v1.AdminService.DiffRules:output_type -> tokenserver.v1.DiffRulesResponse
-	69, // 101: tokenserver.v1.AdminService.PutEnvoyDomain:output_type -> tokenserver.v1.PutEnvoyDomainResponse
-	67, // 102: tokenserver.v1.AdminService.GetEnvoyDomain:output_type -> tokenserver.v1.EnvoyDomain
-	72, // 103: tokenserver.v1.AdminService.ListEnvoyDomains:output_type -> tokenserver.v1.ListEnvoyDomainsResponse
-	74, // 104: tokenserver.v1.AdminService.DeleteEnvoyDomain:output_type -> tokenserver.v1.DeleteEnvoyDomainResponse
-	75, // [75:105] is the sub-list for method output_type
-	45, // [45:75] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	67, // 45: tokenserver.v1.EnvoyDomainVersion.domain:type_name -> tokenserver.v1.EnvoyDomain
+	75, // 46: tokenserver.v1.EnvoyDomainHistoryResponse.versions:type_name -> tokenserver.v1.EnvoyDomainVersion
+	79, // 47: tokenserver.v1.ListRuleRatesResponse.rates:type_name -> tokenserver.v1.RuleRate
+	11, // 48: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
+	13, // 49: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
+	16, // 50: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
+	18, // 51: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
+	20, // 52: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	20, // 53: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	45, // 54: tokenserver.v1.TokenService.CommitToken:input_type -> tokenserver.v1.CommitTokenRequest
+	24, // 55: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
+	26, // 56: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
+	27, // 57: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
+	29, // 58: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
+	31, // 59: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
+	34, // 60: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
+	36, // 61: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
+	38, // 62: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
+	40, // 63: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
+	42, // 64: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
+	43, // 65: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
+	48, // 66: tokenserver.v1.AdminService.PutOverride:input_type -> tokenserver.v1.PutOverrideRequest
+	50, // 67: tokenserver.v1.AdminService.DeleteOverride:input_type -> tokenserver.v1.DeleteOverrideRequest
+	52, // 68: tokenserver.v1.AdminService.ListOverrides:input_type -> tokenserver.v1.ListOverridesRequest
+	54, // 69: tokenserver.v1.AdminService.TopKeys:input_type -> tokenserver.v1.TopKeysRequest
+	57, // 70: tokenserver.v1.AdminService.RuleSeries:input_type -> tokenserver.v1.RuleSeriesRequest
+	61, // 71: tokenserver.v1.AdminService.RuleHistory:input_type -> tokenserver.v1.RuleHistoryRequest
+	63, // 72: tokenserver.v1.AdminService.RollbackRule:input_type -> tokenserver.v1.RollbackRuleRequest
+	64, // 73: tokenserver.v1.AdminService.DiffRules:input_type -> tokenserver.v1.DiffRulesRequest
+	68, // 74: tokenserver.v1.AdminService.PutEnvoyDomain:input_type -> tokenserver.v1.PutEnvoyDomainRequest
+	70, // 75: tokenserver.v1.AdminService.GetEnvoyDomain:input_type -> tokenserver.v1.GetEnvoyDomainRequest
+	71, // 76: tokenserver.v1.AdminService.ListEnvoyDomains:input_type -> tokenserver.v1.ListEnvoyDomainsRequest
+	73, // 77: tokenserver.v1.AdminService.DeleteEnvoyDomain:input_type -> tokenserver.v1.DeleteEnvoyDomainRequest
+	76, // 78: tokenserver.v1.AdminService.EnvoyDomainHistory:input_type -> tokenserver.v1.EnvoyDomainHistoryRequest
+	78, // 79: tokenserver.v1.AdminService.ListRuleRates:input_type -> tokenserver.v1.ListRuleRatesRequest
+	12, // 80: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	14, // 81: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	17, // 82: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	19, // 83: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	21, // 84: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 85: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	46, // 86: tokenserver.v1.TokenService.CommitToken:output_type -> tokenserver.v1.CommitTokenResponse
+	25, // 87: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	5,  // 88: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	28, // 89: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	30, // 90: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	32, // 91: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	35, // 92: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	37, // 93: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	39, // 94: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	41, // 95: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
+	43, // 96: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
+	44, // 97: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
+	49, // 98: tokenserver.v1.AdminService.PutOverride:output_type -> tokenserver.v1.PutOverrideResponse
+	51, // 99: tokenserver.v1.AdminService.DeleteOverride:output_type -> tokenserver.v1.DeleteOverrideResponse
+	53, // 100: tokenserver.v1.AdminService.ListOverrides:output_type -> tokenserver.v1.ListOverridesResponse
+	56, // 101: tokenserver.v1.AdminService.TopKeys:output_type -> tokenserver.v1.TopKeysResponse
+	59, // 102: tokenserver.v1.AdminService.RuleSeries:output_type -> tokenserver.v1.RuleSeriesResponse
+	62, // 103: tokenserver.v1.AdminService.RuleHistory:output_type -> tokenserver.v1.RuleHistoryResponse
+	25, // 104: tokenserver.v1.AdminService.RollbackRule:output_type -> tokenserver.v1.PutRuleResponse
+	66, // 105: tokenserver.v1.AdminService.DiffRules:output_type -> tokenserver.v1.DiffRulesResponse
+	69, // 106: tokenserver.v1.AdminService.PutEnvoyDomain:output_type -> tokenserver.v1.PutEnvoyDomainResponse
+	67, // 107: tokenserver.v1.AdminService.GetEnvoyDomain:output_type -> tokenserver.v1.EnvoyDomain
+	72, // 108: tokenserver.v1.AdminService.ListEnvoyDomains:output_type -> tokenserver.v1.ListEnvoyDomainsResponse
+	74, // 109: tokenserver.v1.AdminService.DeleteEnvoyDomain:output_type -> tokenserver.v1.DeleteEnvoyDomainResponse
+	77, // 110: tokenserver.v1.AdminService.EnvoyDomainHistory:output_type -> tokenserver.v1.EnvoyDomainHistoryResponse
+	80, // 111: tokenserver.v1.AdminService.ListRuleRates:output_type -> tokenserver.v1.ListRuleRatesResponse
+	80, // [80:112] is the sub-list for method output_type
+	48, // [48:80] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_v1_tokenserver_proto_init() }
@@ -5424,7 +5879,7 @@ func file_tokenserver_v1_tokenserver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_v1_tokenserver_proto_rawDesc), len(file_tokenserver_v1_tokenserver_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   70,
+			NumMessages:   76,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

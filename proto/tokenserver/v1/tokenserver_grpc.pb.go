@@ -432,29 +432,31 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_PutRule_FullMethodName           = "/tokenserver.v1.AdminService/PutRule"
-	AdminService_GetRule_FullMethodName           = "/tokenserver.v1.AdminService/GetRule"
-	AdminService_ListRules_FullMethodName         = "/tokenserver.v1.AdminService/ListRules"
-	AdminService_DeleteRule_FullMethodName        = "/tokenserver.v1.AdminService/DeleteRule"
-	AdminService_ClusterStatus_FullMethodName     = "/tokenserver.v1.AdminService/ClusterStatus"
-	AdminService_NodeStatus_FullMethodName        = "/tokenserver.v1.AdminService/NodeStatus"
-	AdminService_JoinCluster_FullMethodName       = "/tokenserver.v1.AdminService/JoinCluster"
-	AdminService_RemoveMember_FullMethodName      = "/tokenserver.v1.AdminService/RemoveMember"
-	AdminService_DrainMember_FullMethodName       = "/tokenserver.v1.AdminService/DrainMember"
-	AdminService_SnapshotSave_FullMethodName      = "/tokenserver.v1.AdminService/SnapshotSave"
-	AdminService_SnapshotRestore_FullMethodName   = "/tokenserver.v1.AdminService/SnapshotRestore"
-	AdminService_PutOverride_FullMethodName       = "/tokenserver.v1.AdminService/PutOverride"
-	AdminService_DeleteOverride_FullMethodName    = "/tokenserver.v1.AdminService/DeleteOverride"
-	AdminService_ListOverrides_FullMethodName     = "/tokenserver.v1.AdminService/ListOverrides"
-	AdminService_TopKeys_FullMethodName           = "/tokenserver.v1.AdminService/TopKeys"
-	AdminService_RuleSeries_FullMethodName        = "/tokenserver.v1.AdminService/RuleSeries"
-	AdminService_RuleHistory_FullMethodName       = "/tokenserver.v1.AdminService/RuleHistory"
-	AdminService_RollbackRule_FullMethodName      = "/tokenserver.v1.AdminService/RollbackRule"
-	AdminService_DiffRules_FullMethodName         = "/tokenserver.v1.AdminService/DiffRules"
-	AdminService_PutEnvoyDomain_FullMethodName    = "/tokenserver.v1.AdminService/PutEnvoyDomain"
-	AdminService_GetEnvoyDomain_FullMethodName    = "/tokenserver.v1.AdminService/GetEnvoyDomain"
-	AdminService_ListEnvoyDomains_FullMethodName  = "/tokenserver.v1.AdminService/ListEnvoyDomains"
-	AdminService_DeleteEnvoyDomain_FullMethodName = "/tokenserver.v1.AdminService/DeleteEnvoyDomain"
+	AdminService_PutRule_FullMethodName            = "/tokenserver.v1.AdminService/PutRule"
+	AdminService_GetRule_FullMethodName            = "/tokenserver.v1.AdminService/GetRule"
+	AdminService_ListRules_FullMethodName          = "/tokenserver.v1.AdminService/ListRules"
+	AdminService_DeleteRule_FullMethodName         = "/tokenserver.v1.AdminService/DeleteRule"
+	AdminService_ClusterStatus_FullMethodName      = "/tokenserver.v1.AdminService/ClusterStatus"
+	AdminService_NodeStatus_FullMethodName         = "/tokenserver.v1.AdminService/NodeStatus"
+	AdminService_JoinCluster_FullMethodName        = "/tokenserver.v1.AdminService/JoinCluster"
+	AdminService_RemoveMember_FullMethodName       = "/tokenserver.v1.AdminService/RemoveMember"
+	AdminService_DrainMember_FullMethodName        = "/tokenserver.v1.AdminService/DrainMember"
+	AdminService_SnapshotSave_FullMethodName       = "/tokenserver.v1.AdminService/SnapshotSave"
+	AdminService_SnapshotRestore_FullMethodName    = "/tokenserver.v1.AdminService/SnapshotRestore"
+	AdminService_PutOverride_FullMethodName        = "/tokenserver.v1.AdminService/PutOverride"
+	AdminService_DeleteOverride_FullMethodName     = "/tokenserver.v1.AdminService/DeleteOverride"
+	AdminService_ListOverrides_FullMethodName      = "/tokenserver.v1.AdminService/ListOverrides"
+	AdminService_TopKeys_FullMethodName            = "/tokenserver.v1.AdminService/TopKeys"
+	AdminService_RuleSeries_FullMethodName         = "/tokenserver.v1.AdminService/RuleSeries"
+	AdminService_RuleHistory_FullMethodName        = "/tokenserver.v1.AdminService/RuleHistory"
+	AdminService_RollbackRule_FullMethodName       = "/tokenserver.v1.AdminService/RollbackRule"
+	AdminService_DiffRules_FullMethodName          = "/tokenserver.v1.AdminService/DiffRules"
+	AdminService_PutEnvoyDomain_FullMethodName     = "/tokenserver.v1.AdminService/PutEnvoyDomain"
+	AdminService_GetEnvoyDomain_FullMethodName     = "/tokenserver.v1.AdminService/GetEnvoyDomain"
+	AdminService_ListEnvoyDomains_FullMethodName   = "/tokenserver.v1.AdminService/ListEnvoyDomains"
+	AdminService_DeleteEnvoyDomain_FullMethodName  = "/tokenserver.v1.AdminService/DeleteEnvoyDomain"
+	AdminService_EnvoyDomainHistory_FullMethodName = "/tokenserver.v1.AdminService/EnvoyDomainHistory"
+	AdminService_ListRuleRates_FullMethodName      = "/tokenserver.v1.AdminService/ListRuleRates"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -528,6 +530,11 @@ type AdminServiceClient interface {
 	GetEnvoyDomain(ctx context.Context, in *GetEnvoyDomainRequest, opts ...grpc.CallOption) (*EnvoyDomain, error)
 	ListEnvoyDomains(ctx context.Context, in *ListEnvoyDomainsRequest, opts ...grpc.CallOption) (*ListEnvoyDomainsResponse, error)
 	DeleteEnvoyDomain(ctx context.Context, in *DeleteEnvoyDomainRequest, opts ...grpc.CallOption) (*DeleteEnvoyDomainResponse, error)
+	// The last versions of an Envoy domain, with who changed it and when.
+	EnvoyDomainHistory(ctx context.Context, in *EnvoyDomainHistoryRequest, opts ...grpc.CallOption) (*EnvoyDomainHistoryResponse, error)
+	// Every rule's recent decision figures and last hour, summed over every
+	// node: the console's rules list in one call per node.
+	ListRuleRates(ctx context.Context, in *ListRuleRatesRequest, opts ...grpc.CallOption) (*ListRuleRatesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -780,6 +787,26 @@ func (c *adminServiceClient) DeleteEnvoyDomain(ctx context.Context, in *DeleteEn
 	return out, nil
 }
 
+func (c *adminServiceClient) EnvoyDomainHistory(ctx context.Context, in *EnvoyDomainHistoryRequest, opts ...grpc.CallOption) (*EnvoyDomainHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnvoyDomainHistoryResponse)
+	err := c.cc.Invoke(ctx, AdminService_EnvoyDomainHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListRuleRates(ctx context.Context, in *ListRuleRatesRequest, opts ...grpc.CallOption) (*ListRuleRatesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRuleRatesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListRuleRates_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -851,6 +878,11 @@ type AdminServiceServer interface {
 	GetEnvoyDomain(context.Context, *GetEnvoyDomainRequest) (*EnvoyDomain, error)
 	ListEnvoyDomains(context.Context, *ListEnvoyDomainsRequest) (*ListEnvoyDomainsResponse, error)
 	DeleteEnvoyDomain(context.Context, *DeleteEnvoyDomainRequest) (*DeleteEnvoyDomainResponse, error)
+	// The last versions of an Envoy domain, with who changed it and when.
+	EnvoyDomainHistory(context.Context, *EnvoyDomainHistoryRequest) (*EnvoyDomainHistoryResponse, error)
+	// Every rule's recent decision figures and last hour, summed over every
+	// node: the console's rules list in one call per node.
+	ListRuleRates(context.Context, *ListRuleRatesRequest) (*ListRuleRatesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -929,6 +961,12 @@ func (UnimplementedAdminServiceServer) ListEnvoyDomains(context.Context, *ListEn
 }
 func (UnimplementedAdminServiceServer) DeleteEnvoyDomain(context.Context, *DeleteEnvoyDomainRequest) (*DeleteEnvoyDomainResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteEnvoyDomain not implemented")
+}
+func (UnimplementedAdminServiceServer) EnvoyDomainHistory(context.Context, *EnvoyDomainHistoryRequest) (*EnvoyDomainHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EnvoyDomainHistory not implemented")
+}
+func (UnimplementedAdminServiceServer) ListRuleRates(context.Context, *ListRuleRatesRequest) (*ListRuleRatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRuleRates not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1347,6 +1385,42 @@ func _AdminService_DeleteEnvoyDomain_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_EnvoyDomainHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnvoyDomainHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).EnvoyDomainHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_EnvoyDomainHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).EnvoyDomainHistory(ctx, req.(*EnvoyDomainHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListRuleRates_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRuleRatesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListRuleRates(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListRuleRates_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListRuleRates(ctx, req.(*ListRuleRatesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1437,6 +1511,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteEnvoyDomain",
 			Handler:    _AdminService_DeleteEnvoyDomain_Handler,
+		},
+		{
+			MethodName: "EnvoyDomainHistory",
+			Handler:    _AdminService_EnvoyDomainHistory_Handler,
+		},
+		{
+			MethodName: "ListRuleRates",
+			Handler:    _AdminService_ListRuleRates_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

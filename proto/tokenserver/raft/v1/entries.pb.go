@@ -783,7 +783,10 @@ type Snapshot struct {
 	Requests []*RequestRecord `protobuf:"bytes,9,rep,name=requests,proto3" json:"requests,omitempty"`
 	// Sorted by name: the history of every rule, deleted ones included
 	// until their retention ends. Absent in older snapshots.
-	History       []*RuleHistory `protobuf:"bytes,10,rep,name=history,proto3" json:"history,omitempty"`
+	History []*RuleHistory `protobuf:"bytes,10,rep,name=history,proto3" json:"history,omitempty"`
+	// Sorted by name: the history of every Envoy domain, deleted ones
+	// included until their retention ends. Absent in older snapshots.
+	EnvoyHistory  []*EnvoyDomainHistory `protobuf:"bytes,11,rep,name=envoy_history,json=envoyHistory,proto3" json:"envoy_history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -888,6 +891,154 @@ func (x *Snapshot) GetHistory() []*RuleHistory {
 	return nil
 }
 
+func (x *Snapshot) GetEnvoyHistory() []*EnvoyDomainHistory {
+	if x != nil {
+		return x.EnvoyHistory
+	}
+	return nil
+}
+
+// EnvoyDomainHistory is one Envoy domain's last versions, oldest first.
+type EnvoyDomainHistory struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Versions []*EnvoyDomainVersion  `protobuf:"bytes,2,rep,name=versions,proto3" json:"versions,omitempty"`
+	// Set while the domain is deleted: the deletion's entry time.
+	DeletedUnixNs int64 `protobuf:"varint,3,opt,name=deleted_unix_ns,json=deletedUnixNs,proto3" json:"deleted_unix_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomainHistory) Reset() {
+	*x = EnvoyDomainHistory{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomainHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomainHistory) ProtoMessage() {}
+
+func (x *EnvoyDomainHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomainHistory.ProtoReflect.Descriptor instead.
+func (*EnvoyDomainHistory) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *EnvoyDomainHistory) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EnvoyDomainHistory) GetVersions() []*EnvoyDomainVersion {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *EnvoyDomainHistory) GetDeletedUnixNs() int64 {
+	if x != nil {
+		return x.DeletedUnixNs
+	}
+	return 0
+}
+
+// EnvoyDomainVersion is one version of an Envoy domain.
+type EnvoyDomainVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unset for a deletion.
+	Domain     *EnvoyDomain `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Version    uint64       `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Principal  string       `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	TimeUnixNs int64        `protobuf:"varint,4,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	// PUT, DELETE or SYNC.
+	Change        string `protobuf:"bytes,5,opt,name=change,proto3" json:"change,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvoyDomainVersion) Reset() {
+	*x = EnvoyDomainVersion{}
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvoyDomainVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvoyDomainVersion) ProtoMessage() {}
+
+func (x *EnvoyDomainVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvoyDomainVersion.ProtoReflect.Descriptor instead.
+func (*EnvoyDomainVersion) Descriptor() ([]byte, []int) {
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *EnvoyDomainVersion) GetDomain() *EnvoyDomain {
+	if x != nil {
+		return x.Domain
+	}
+	return nil
+}
+
+func (x *EnvoyDomainVersion) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *EnvoyDomainVersion) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *EnvoyDomainVersion) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *EnvoyDomainVersion) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
 // EnvoyDomain is one domain of envoyproxy/ratelimit configuration as the
 // FSM stores it: its YAML unchanged, validated where it entered the
 // cluster.
@@ -907,7 +1058,7 @@ type EnvoyDomain struct {
 
 func (x *EnvoyDomain) Reset() {
 	*x = EnvoyDomain{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1070,7 @@ func (x *EnvoyDomain) String() string {
 func (*EnvoyDomain) ProtoMessage() {}
 
 func (x *EnvoyDomain) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[9]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1083,7 @@ func (x *EnvoyDomain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyDomain.ProtoReflect.Descriptor instead.
 func (*EnvoyDomain) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{9}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EnvoyDomain) GetName() string {
@@ -976,13 +1127,15 @@ type PutEnvoyDomain struct {
 	Domain *EnvoyDomain           `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
 	// Compare-and-set: apply only if the stored version is this (0: absent).
 	ExpectedVersion *uint64 `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The proposing leader's wall time, for the history (0 in older entries).
+	TimeUnixNs    int64 `protobuf:"varint,3,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutEnvoyDomain) Reset() {
 	*x = PutEnvoyDomain{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1147,7 @@ func (x *PutEnvoyDomain) String() string {
 func (*PutEnvoyDomain) ProtoMessage() {}
 
 func (x *PutEnvoyDomain) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[10]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1160,7 @@ func (x *PutEnvoyDomain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEnvoyDomain.ProtoReflect.Descriptor instead.
 func (*PutEnvoyDomain) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{10}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutEnvoyDomain) GetDomain() *EnvoyDomain {
@@ -1024,18 +1177,29 @@ func (x *PutEnvoyDomain) GetExpectedVersion() uint64 {
 	return 0
 }
 
+func (x *PutEnvoyDomain) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
 // DeleteEnvoyDomain deletes one domain.
 type DeleteEnvoyDomain struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	ExpectedVersion *uint64                `protobuf:"varint,2,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// For the history: the proposing leader's wall time and the principal
+	// (both unset in older entries).
+	TimeUnixNs    int64  `protobuf:"varint,3,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
+	Principal     string `protobuf:"bytes,4,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteEnvoyDomain) Reset() {
 	*x = DeleteEnvoyDomain{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1211,7 @@ func (x *DeleteEnvoyDomain) String() string {
 func (*DeleteEnvoyDomain) ProtoMessage() {}
 
 func (x *DeleteEnvoyDomain) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[11]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1224,7 @@ func (x *DeleteEnvoyDomain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvoyDomain.ProtoReflect.Descriptor instead.
 func (*DeleteEnvoyDomain) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{11}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteEnvoyDomain) GetName() string {
@@ -1077,22 +1241,38 @@ func (x *DeleteEnvoyDomain) GetExpectedVersion() uint64 {
 	return 0
 }
 
+func (x *DeleteEnvoyDomain) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
+}
+
+func (x *DeleteEnvoyDomain) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
 // SyncEnvoyDomains makes the domains of one origin (an author prefix such
 // as "file:" or "xds:") exactly these: the origin's domains absent here are
 // deleted, those whose YAML or source changed are written, the others keep
 // their version. Domains of other origins are not touched, unless one here
 // has the same name: it is replaced.
 type SyncEnvoyDomains struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Origin        string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
-	Domains       []*EnvoyDomain         `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Origin  string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	Domains []*EnvoyDomain         `protobuf:"bytes,2,rep,name=domains,proto3" json:"domains,omitempty"`
+	// The proposing leader's wall time, for the history (0 in older entries).
+	TimeUnixNs    int64 `protobuf:"varint,3,opt,name=time_unix_ns,json=timeUnixNs,proto3" json:"time_unix_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SyncEnvoyDomains) Reset() {
 	*x = SyncEnvoyDomains{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[12]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1284,7 @@ func (x *SyncEnvoyDomains) String() string {
 func (*SyncEnvoyDomains) ProtoMessage() {}
 
 func (x *SyncEnvoyDomains) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[12]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1297,7 @@ func (x *SyncEnvoyDomains) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncEnvoyDomains.ProtoReflect.Descriptor instead.
 func (*SyncEnvoyDomains) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{12}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SyncEnvoyDomains) GetOrigin() string {
@@ -1132,6 +1312,13 @@ func (x *SyncEnvoyDomains) GetDomains() []*EnvoyDomain {
 		return x.Domains
 	}
 	return nil
+}
+
+func (x *SyncEnvoyDomains) GetTimeUnixNs() int64 {
+	if x != nil {
+		return x.TimeUnixNs
+	}
+	return 0
 }
 
 // RuntimeOverride is a rule's runtime override of one key or key prefix
@@ -1154,7 +1341,7 @@ type RuntimeOverride struct {
 
 func (x *RuntimeOverride) Reset() {
 	*x = RuntimeOverride{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[13]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1353,7 @@ func (x *RuntimeOverride) String() string {
 func (*RuntimeOverride) ProtoMessage() {}
 
 func (x *RuntimeOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[13]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1366,7 @@ func (x *RuntimeOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeOverride.ProtoReflect.Descriptor instead.
 func (*RuntimeOverride) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{13}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RuntimeOverride) GetRule() string {
@@ -1241,7 +1428,7 @@ type PutOverride struct {
 
 func (x *PutOverride) Reset() {
 	*x = PutOverride{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[14]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1440,7 @@ func (x *PutOverride) String() string {
 func (*PutOverride) ProtoMessage() {}
 
 func (x *PutOverride) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[14]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1453,7 @@ func (x *PutOverride) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOverride.ProtoReflect.Descriptor instead.
 func (*PutOverride) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{14}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutOverride) GetOverride() *RuntimeOverride {
@@ -1290,7 +1477,7 @@ type DeleteOverrides struct {
 
 func (x *DeleteOverrides) Reset() {
 	*x = DeleteOverrides{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[15]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1489,7 @@ func (x *DeleteOverrides) String() string {
 func (*DeleteOverrides) ProtoMessage() {}
 
 func (x *DeleteOverrides) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[15]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1502,7 @@ func (x *DeleteOverrides) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrides.ProtoReflect.Descriptor instead.
 func (*DeleteOverrides) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{15}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteOverrides) GetRule() string {
@@ -1359,7 +1546,7 @@ type RequestRecord struct {
 
 func (x *RequestRecord) Reset() {
 	*x = RequestRecord{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1558,7 @@ func (x *RequestRecord) String() string {
 func (*RequestRecord) ProtoMessage() {}
 
 func (x *RequestRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[16]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1571,7 @@ func (x *RequestRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
 func (*RequestRecord) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{16}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RequestRecord) GetId() string {
@@ -1448,7 +1635,7 @@ type RuleVersion struct {
 
 func (x *RuleVersion) Reset() {
 	*x = RuleVersion{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[17]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1647,7 @@ func (x *RuleVersion) String() string {
 func (*RuleVersion) ProtoMessage() {}
 
 func (x *RuleVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[17]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1660,7 @@ func (x *RuleVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleVersion.ProtoReflect.Descriptor instead.
 func (*RuleVersion) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{17}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RuleVersion) GetRule() *Rule {
@@ -1531,7 +1718,7 @@ type RuleHistory struct {
 
 func (x *RuleHistory) Reset() {
 	*x = RuleHistory{}
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[18]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1730,7 @@ func (x *RuleHistory) String() string {
 func (*RuleHistory) ProtoMessage() {}
 
 func (x *RuleHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[18]
+	mi := &file_tokenserver_raft_v1_entries_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1743,7 @@ func (x *RuleHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleHistory.ProtoReflect.Descriptor instead.
 func (*RuleHistory) Descriptor() ([]byte, []int) {
-	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{18}
+	return file_tokenserver_raft_v1_entries_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RuleHistory) GetName() string {
@@ -1658,7 +1845,7 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\x05rules\x18\x01 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x12\x1c\n" +
 	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12 \n" +
 	"\ftime_unix_ns\x18\x03 \x01(\x03R\n" +
-	"timeUnixNs\"\xe3\x03\n" +
+	"timeUnixNs\"\xb1\x04\n" +
 	"\bSnapshot\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12/\n" +
 	"\x05rules\x18\x02 \x03(\v2\x19.tokenserver.raft.v1.RuleR\x05rules\x125\n" +
@@ -1672,24 +1859,43 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\toverrides\x18\b \x03(\v2$.tokenserver.raft.v1.RuntimeOverrideR\toverrides\x12>\n" +
 	"\brequests\x18\t \x03(\v2\".tokenserver.raft.v1.RequestRecordR\brequests\x12:\n" +
 	"\ahistory\x18\n" +
-	" \x03(\v2 .tokenserver.raft.v1.RuleHistoryR\ahistory\"\x7f\n" +
+	" \x03(\v2 .tokenserver.raft.v1.RuleHistoryR\ahistory\x12L\n" +
+	"\renvoy_history\x18\v \x03(\v2'.tokenserver.raft.v1.EnvoyDomainHistoryR\fenvoyHistory\"\x95\x01\n" +
+	"\x12EnvoyDomainHistory\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12C\n" +
+	"\bversions\x18\x02 \x03(\v2'.tokenserver.raft.v1.EnvoyDomainVersionR\bversions\x12&\n" +
+	"\x0fdeleted_unix_ns\x18\x03 \x01(\x03R\rdeletedUnixNs\"\xc0\x01\n" +
+	"\x12EnvoyDomainVersion\x128\n" +
+	"\x06domain\x18\x01 \x01(\v2 .tokenserver.raft.v1.EnvoyDomainR\x06domain\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12 \n" +
+	"\ftime_unix_ns\x18\x04 \x01(\x03R\n" +
+	"timeUnixNs\x12\x16\n" +
+	"\x06change\x18\x05 \x01(\tR\x06change\"\x7f\n" +
 	"\vEnvoyDomain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04yaml\x18\x02 \x01(\tR\x04yaml\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06author\x18\x04 \x01(\tR\x06author\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"\x8f\x01\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\"\xb1\x01\n" +
 	"\x0ePutEnvoyDomain\x128\n" +
 	"\x06domain\x18\x01 \x01(\v2 .tokenserver.raft.v1.EnvoyDomainR\x06domain\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
-	"\x11_expected_version\"l\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12 \n" +
+	"\ftime_unix_ns\x18\x03 \x01(\x03R\n" +
+	"timeUnixNsB\x13\n" +
+	"\x11_expected_version\"\xac\x01\n" +
 	"\x11DeleteEnvoyDomain\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
-	"\x11_expected_version\"f\n" +
+	"\x10expected_version\x18\x02 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01\x12 \n" +
+	"\ftime_unix_ns\x18\x03 \x01(\x03R\n" +
+	"timeUnixNs\x12\x1c\n" +
+	"\tprincipal\x18\x04 \x01(\tR\tprincipalB\x13\n" +
+	"\x11_expected_version\"\x88\x01\n" +
 	"\x10SyncEnvoyDomains\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12:\n" +
-	"\adomains\x18\x02 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\adomains\"\xc4\x01\n" +
+	"\adomains\x18\x02 \x03(\v2 .tokenserver.raft.v1.EnvoyDomainR\adomains\x12 \n" +
+	"\ftime_unix_ns\x18\x03 \x01(\x03R\n" +
+	"timeUnixNs\"\xc4\x01\n" +
 	"\x0fRuntimeOverride\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -1740,27 +1946,29 @@ func file_tokenserver_raft_v1_entries_proto_rawDescGZIP() []byte {
 	return file_tokenserver_raft_v1_entries_proto_rawDescData
 }
 
-var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_tokenserver_raft_v1_entries_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_tokenserver_raft_v1_entries_proto_goTypes = []any{
-	(*Rule)(nil),              // 0: tokenserver.raft.v1.Rule
-	(*Override)(nil),          // 1: tokenserver.raft.v1.Override
-	(*PutRule)(nil),           // 2: tokenserver.raft.v1.PutRule
-	(*DeleteRule)(nil),        // 3: tokenserver.raft.v1.DeleteRule
-	(*Member)(nil),            // 4: tokenserver.raft.v1.Member
-	(*MemberChange)(nil),      // 5: tokenserver.raft.v1.MemberChange
-	(*SetView)(nil),           // 6: tokenserver.raft.v1.SetView
-	(*RestoreRules)(nil),      // 7: tokenserver.raft.v1.RestoreRules
-	(*Snapshot)(nil),          // 8: tokenserver.raft.v1.Snapshot
-	(*EnvoyDomain)(nil),       // 9: tokenserver.raft.v1.EnvoyDomain
-	(*PutEnvoyDomain)(nil),    // 10: tokenserver.raft.v1.PutEnvoyDomain
-	(*DeleteEnvoyDomain)(nil), // 11: tokenserver.raft.v1.DeleteEnvoyDomain
-	(*SyncEnvoyDomains)(nil),  // 12: tokenserver.raft.v1.SyncEnvoyDomains
-	(*RuntimeOverride)(nil),   // 13: tokenserver.raft.v1.RuntimeOverride
-	(*PutOverride)(nil),       // 14: tokenserver.raft.v1.PutOverride
-	(*DeleteOverrides)(nil),   // 15: tokenserver.raft.v1.DeleteOverrides
-	(*RequestRecord)(nil),     // 16: tokenserver.raft.v1.RequestRecord
-	(*RuleVersion)(nil),       // 17: tokenserver.raft.v1.RuleVersion
-	(*RuleHistory)(nil),       // 18: tokenserver.raft.v1.RuleHistory
+	(*Rule)(nil),               // 0: tokenserver.raft.v1.Rule
+	(*Override)(nil),           // 1: tokenserver.raft.v1.Override
+	(*PutRule)(nil),            // 2: tokenserver.raft.v1.PutRule
+	(*DeleteRule)(nil),         // 3: tokenserver.raft.v1.DeleteRule
+	(*Member)(nil),             // 4: tokenserver.raft.v1.Member
+	(*MemberChange)(nil),       // 5: tokenserver.raft.v1.MemberChange
+	(*SetView)(nil),            // 6: tokenserver.raft.v1.SetView
+	(*RestoreRules)(nil),       // 7: tokenserver.raft.v1.RestoreRules
+	(*Snapshot)(nil),           // 8: tokenserver.raft.v1.Snapshot
+	(*EnvoyDomainHistory)(nil), // 9: tokenserver.raft.v1.EnvoyDomainHistory
+	(*EnvoyDomainVersion)(nil), // 10: tokenserver.raft.v1.EnvoyDomainVersion
+	(*EnvoyDomain)(nil),        // 11: tokenserver.raft.v1.EnvoyDomain
+	(*PutEnvoyDomain)(nil),     // 12: tokenserver.raft.v1.PutEnvoyDomain
+	(*DeleteEnvoyDomain)(nil),  // 13: tokenserver.raft.v1.DeleteEnvoyDomain
+	(*SyncEnvoyDomains)(nil),   // 14: tokenserver.raft.v1.SyncEnvoyDomains
+	(*RuntimeOverride)(nil),    // 15: tokenserver.raft.v1.RuntimeOverride
+	(*PutOverride)(nil),        // 16: tokenserver.raft.v1.PutOverride
+	(*DeleteOverrides)(nil),    // 17: tokenserver.raft.v1.DeleteOverrides
+	(*RequestRecord)(nil),      // 18: tokenserver.raft.v1.RequestRecord
+	(*RuleVersion)(nil),        // 19: tokenserver.raft.v1.RuleVersion
+	(*RuleHistory)(nil),        // 20: tokenserver.raft.v1.RuleHistory
 }
 var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	1,  // 0: tokenserver.raft.v1.Rule.overrides:type_name -> tokenserver.raft.v1.Override
@@ -1769,20 +1977,23 @@ var file_tokenserver_raft_v1_entries_proto_depIdxs = []int32{
 	0,  // 3: tokenserver.raft.v1.RestoreRules.rules:type_name -> tokenserver.raft.v1.Rule
 	0,  // 4: tokenserver.raft.v1.Snapshot.rules:type_name -> tokenserver.raft.v1.Rule
 	4,  // 5: tokenserver.raft.v1.Snapshot.members:type_name -> tokenserver.raft.v1.Member
-	9,  // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
-	13, // 7: tokenserver.raft.v1.Snapshot.overrides:type_name -> tokenserver.raft.v1.RuntimeOverride
-	16, // 8: tokenserver.raft.v1.Snapshot.requests:type_name -> tokenserver.raft.v1.RequestRecord
-	18, // 9: tokenserver.raft.v1.Snapshot.history:type_name -> tokenserver.raft.v1.RuleHistory
-	9,  // 10: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
-	9,  // 11: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
-	13, // 12: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
-	0,  // 13: tokenserver.raft.v1.RuleVersion.rule:type_name -> tokenserver.raft.v1.Rule
-	17, // 14: tokenserver.raft.v1.RuleHistory.versions:type_name -> tokenserver.raft.v1.RuleVersion
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	11, // 6: tokenserver.raft.v1.Snapshot.envoy_domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	15, // 7: tokenserver.raft.v1.Snapshot.overrides:type_name -> tokenserver.raft.v1.RuntimeOverride
+	18, // 8: tokenserver.raft.v1.Snapshot.requests:type_name -> tokenserver.raft.v1.RequestRecord
+	20, // 9: tokenserver.raft.v1.Snapshot.history:type_name -> tokenserver.raft.v1.RuleHistory
+	9,  // 10: tokenserver.raft.v1.Snapshot.envoy_history:type_name -> tokenserver.raft.v1.EnvoyDomainHistory
+	10, // 11: tokenserver.raft.v1.EnvoyDomainHistory.versions:type_name -> tokenserver.raft.v1.EnvoyDomainVersion
+	11, // 12: tokenserver.raft.v1.EnvoyDomainVersion.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
+	11, // 13: tokenserver.raft.v1.PutEnvoyDomain.domain:type_name -> tokenserver.raft.v1.EnvoyDomain
+	11, // 14: tokenserver.raft.v1.SyncEnvoyDomains.domains:type_name -> tokenserver.raft.v1.EnvoyDomain
+	15, // 15: tokenserver.raft.v1.PutOverride.override:type_name -> tokenserver.raft.v1.RuntimeOverride
+	0,  // 16: tokenserver.raft.v1.RuleVersion.rule:type_name -> tokenserver.raft.v1.Rule
+	19, // 17: tokenserver.raft.v1.RuleHistory.versions:type_name -> tokenserver.raft.v1.RuleVersion
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_raft_v1_entries_proto_init() }
@@ -1792,15 +2003,15 @@ func file_tokenserver_raft_v1_entries_proto_init() {
 	}
 	file_tokenserver_raft_v1_entries_proto_msgTypes[2].OneofWrappers = []any{}
 	file_tokenserver_raft_v1_entries_proto_msgTypes[3].OneofWrappers = []any{}
-	file_tokenserver_raft_v1_entries_proto_msgTypes[10].OneofWrappers = []any{}
-	file_tokenserver_raft_v1_entries_proto_msgTypes[11].OneofWrappers = []any{}
+	file_tokenserver_raft_v1_entries_proto_msgTypes[12].OneofWrappers = []any{}
+	file_tokenserver_raft_v1_entries_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_raft_v1_entries_proto_rawDesc), len(file_tokenserver_raft_v1_entries_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
