@@ -31,6 +31,7 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
+	"github.com/tokenserver/tokenserver/internal/handoff"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
@@ -82,7 +83,8 @@ type Node struct {
 	serving       atomic.Bool
 	draining      atomic.Bool
 	metrics       *metrics
-	envoy         *envoy // Envoy's rate limit service (envoy*.go)
+	envoy         *envoy            // Envoy's rate limit service (envoy*.go)
+	handoff       *handoff.Receiver // handoff.go
 	views         viewCaster
 	done          chan struct{}
 	// auth authorizes calls (nil when auth is off); peersOnly says that the
@@ -139,6 +141,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		n.hooks = NewRaftHooks()
 	}
 	n.metrics = newMetrics(n)
+	deps.Services = append(deps.Services, n.newHandoff())
 	if n.now == nil {
 		start := time.Now()
 		// Unix nanoseconds as of start, advanced by the monotonic clock:
@@ -257,6 +260,7 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	go n.sweep()
 	go n.watchReadiness()
 	go n.watchAuth()
+	go n.watchMoves()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {
@@ -314,9 +318,10 @@ func (n *Node) Stop() {
 		n.draining.Store(true)
 		n.updateHealth()
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		n.prepareHandoff(ctx)
 		if err := n.control.Drain(ctx); err != nil {
 			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
-		} else if n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
+		} else if n.handOver(ctx, "drain"); n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
 			// Keys moved: keep answering while clients hear of it. (The
 			// only owner keeps its keys: there is nothing to wait for.)
 			select {

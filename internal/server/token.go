@@ -69,6 +69,7 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 		permits = *req.Permits
 	}
 	var d shard.Decision
+	n.handoff.Await(context.Background(), req.GetRule(), req.GetKey()) // bounded: its state may be in flight (handoff.go)
 	if req.GetLease() {
 		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
 	} else {

@@ -65,7 +65,8 @@ type Map struct {
 	evicted    atomic.Int64
 	capDenials atomic.Int64
 	// dropped is the highest grant nonce of a dropped bucket.
-	dropped atomic.Uint64
+	dropped  atomic.Uint64
+	imported issuers // other nodes' grant keys (export.go)
 }
 
 type shard struct {
