@@ -1,25 +1,19 @@
 // Package handoff moves bucket state between nodes when the routing view
 // moves keys on a planned change: the wire format, batching, the sender
-// and the receiver (which holds decisions on a key back, bounded in time,
-// until its state has arrived).
+// and the receiver (which tells the node which keys are still in flight,
+// so that it asks their old owner instead of starting them fresh).
 package handoff
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/cluster"
-	"github.com/tokenserver/tokenserver/internal/grant"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	peerv1 "github.com/tokenserver/tokenserver/proto/tokenserver/peer/v1"
@@ -29,8 +23,9 @@ import (
 const (
 	// BatchBuckets is the most buckets in one batch.
 	BatchBuckets = 512
-	// DefaultWait bounds how long a receiver holds a key's decisions back
-	// waiting for its state.
+	// DefaultWait bounds how long a receiver treats the keys of an
+	// announced handoff as in flight: past it, the sender is taken as
+	// gone and its keys start fresh here (counted as unplanned).
 	DefaultWait = 3 * time.Second
 )
 
@@ -68,16 +63,26 @@ type Local struct {
 
 // Send streams every bucket for which moved reports a new owner to that
 // owner, one Transfer stream per owner, in batches of BatchBuckets, the
-// grant issuers first. dial opens a connection to a member. A failed
+// grant issuers first. Each bucket is frozen here as it is exported
+// (shard.Map.HandOver): decisions on it after that go to the new owner,
+// so the state it receives is the whole count. dial opens a connection to a member. A failed
 // owner's buckets are sent again, to the owner moved reports then (the
 // view may have moved the key on), every retry until ctx ends; import is
 // idempotent, so a stream cut in the middle is simply sent again. It
 // returns the buckets and bytes sent.
-func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluster.Member, bool), dial func(addr string) (grpc.ClientConnInterface, error), retry time.Duration) (buckets, bytes int64, err error) {
+//
+// Every member of also that gets no bucket is sent an empty last batch,
+// so that it stops waiting for this node's keys at once.
+func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluster.Member, bool), dial func(addr string) (grpc.ClientConnInterface, error), retry time.Duration, also ...cluster.Member) (buckets, bytes int64, err error) {
 	for {
 		groups := map[string]*group{}
+		for _, m := range also {
+			if m.ID != l.ID {
+				groups[m.ID] = &group{member: m}
+			}
+		}
 		now := l.Now()
-		err := l.Buckets.Export(now, func(ruleName, key string) bool {
+		err := l.Buckets.HandOver(now, func(ruleName, key string) bool {
 			m, ok := moved(ruleName, key)
 			return ok && m.ID != l.ID
 		}, func(s shard.BucketState) error {
@@ -94,17 +99,27 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 			return buckets, bytes, fmt.Errorf("handoff export: %w", err)
 		}
 		var failed error
+		failedIDs := map[string]bool{}
 		for _, g := range groups {
 			n, b, err := sendGroup(ctx, l, g, now, dial)
 			buckets += n
 			bytes += b
 			if err != nil {
+				failedIDs[g.member.ID] = true
 				failed = errors.Join(failed, fmt.Errorf("handoff to %s: %w", g.member.ID, err))
 			}
 		}
 		if failed == nil {
 			return buckets, bytes, nil
 		}
+		// Try again the members that failed, and only them.
+		again := also[:0:0]
+		for _, m := range also {
+			if failedIDs[m.ID] {
+				again = append(again, m)
+			}
+		}
+		also = again
 		select {
 		case <-ctx.Done():
 			return buckets, bytes, fmt.Errorf("%w (gave up: %v)", failed, ctx.Err())
@@ -175,254 +190,6 @@ func Prepare(ctx context.Context, l Local, member cluster.Member, dial func(stri
 		return fmt.Errorf("prepare handoff on %s: %w", member.ID, err)
 	}
 	return nil
-}
-
-// Receiver serves HandoffService: it installs what peers send and holds
-// decisions on keys whose state is in flight. Build it with NewReceiver.
-type Receiver struct {
-	peerv1.UnimplementedHandoffServiceServer
-	l Local
-	// IsPeer reports whether a call comes from another node; calls that
-	// do not are refused with PermissionDenied.
-	isPeer func(context.Context) bool
-	// view is the current routing view (for Prepare's old view).
-	view func() *cluster.View
-
-	mu       sync.Mutex
-	pending  map[string]*pending
-	finished map[string]time.Time // when each sender's last handoff ended
-	npending atomic.Int64
-	// Installed counts buckets installed; Waited counts decisions held
-	// back, Expired those whose wait ran out before the state came;
-	// SentBuckets and SentBytes what this node handed over.
-	Installed, Waited, Expired, SentBuckets, SentBytes atomic.Int64
-
-	// unplanned are members that left the view without a handoff; fresh
-	// the keys started fresh here because of one (rule, key: when).
-	unplanned  map[string]*cluster.View
-	nunplanned atomic.Int64
-	fresh      map[freshKey]time.Time
-}
-
-// freshKey is a key started fresh after an unplanned move.
-type freshKey struct{ rule, key string }
-
-// MaxFresh bounds the fresh keys the exposure metric remembers.
-const MaxFresh = 100_000
-
-// unplannedFor is how long keys of a failed member count as moved
-// unplanned when they first show up here.
-const unplannedFor = 10 * time.Minute
-
-// Unplanned records that member from left the view old without handing
-// its keys over (it failed): its keys start fresh here, and Exposure
-// counts them. A member that announced its drain is not unplanned.
-func (r *Receiver) Unplanned(from string, old *cluster.View) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, ok := r.pending[from]; ok {
-		return
-	}
-	if t, ok := r.finished[from]; ok && time.Since(t) < unplannedFor {
-		return
-	}
-	if _, ok := r.unplanned[from]; !ok {
-		r.nunplanned.Add(1)
-	}
-	r.unplanned[from] = old
-	time.AfterFunc(unplannedFor, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.unplanned[from] == old {
-			delete(r.unplanned, from)
-			r.nunplanned.Add(-1)
-		}
-	})
-}
-
-// markFresh records that key of ruleName starts fresh here; r.mu is held.
-func (r *Receiver) markFresh(ruleName, key string) {
-	if len(r.fresh) < MaxFresh {
-		k := freshKey{ruleName, key}
-		if _, ok := r.fresh[k]; !ok {
-			r.fresh[k] = time.Now()
-		}
-	}
-}
-
-// Exposure is the over-admission bound, in permits, that this node's
-// fresh starts expose for rule c at now: every key started fresh within
-// one period of c, times its capacity. Older records are forgotten.
-func (r *Receiver) Exposure(c *rule.Compiled, now time.Time) int64 {
-	if c == nil {
-		return 0
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var sum int64
-	for k, t := range r.fresh {
-		if now.Sub(t) >= max(c.Rule.Period, unplannedFor) {
-			delete(r.fresh, k)
-			continue
-		}
-		if k.rule == c.Rule.Name {
-			sum += c.ConfigFor(k.key).Capacity()
-		}
-	}
-	return sum
-}
-
-// pending is a handoff expected from one member.
-type pending struct {
-	from     string
-	old      *cluster.View // the view in which from owned the keys
-	deadline time.Time
-	done     chan struct{}
-	closed   bool
-}
-
-// NewReceiver returns a Receiver for l.
-func NewReceiver(l Local, isPeer func(context.Context) bool, view func() *cluster.View) *Receiver {
-	return &Receiver{l: l, isPeer: isPeer, view: view, pending: map[string]*pending{}, finished: map[string]time.Time{},
-		unplanned: map[string]*cluster.View{}, fresh: map[freshKey]time.Time{}}
-}
-
-// Expect registers a handoff from member from, which owned keys in old,
-// for up to wait: Await holds its keys back until it ends.
-func (r *Receiver) Expect(from string, old *cluster.View, wait time.Duration) {
-	r.expect(from, old, wait, false)
-}
-
-// expect is Expect; announced (by Prepare) counts even when a handoff from
-// the sender ended recently.
-func (r *Receiver) expect(from string, old *cluster.View, wait time.Duration, announced bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if t, ok := r.finished[from]; ok && !announced && time.Since(t) < wait {
-		return // its handoff came before this node saw the view change
-	}
-	if p := r.pending[from]; p != nil && !p.closed {
-		p.old, p.deadline = old, time.Now().Add(wait)
-		return
-	}
-	r.pending[from] = &pending{from: from, old: old, deadline: time.Now().Add(wait), done: make(chan struct{})}
-	r.npending.Add(1)
-}
-
-// finish ends the handoff from from.
-func (r *Receiver) finish(from string, completed bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if completed {
-		r.finished[from] = time.Now()
-	}
-	if p := r.pending[from]; p != nil && !p.closed {
-		p.closed = true
-		close(p.done)
-		delete(r.pending, from)
-		r.npending.Add(-1)
-	}
-}
-
-// Await returns once key's bucket of ruleName may be decided here: at
-// once when no handoff is pending, or the bucket is here already;
-// otherwise when the handoff from the key's old owner ends, its wait
-// runs out, or ctx ends. It costs one atomic load when nothing is
-// pending.
-func (r *Receiver) Await(ctx context.Context, ruleName, key string) {
-	if r.npending.Load() == 0 && r.nunplanned.Load() == 0 || r.l.Buckets.Has(ruleName, key) {
-		return
-	}
-	r.mu.Lock()
-	for from, old := range r.unplanned {
-		if o, ok := old.Owner(key); ok && o.ID == from {
-			r.markFresh(ruleName, key)
-		}
-	}
-	var p *pending
-	for _, q := range r.pending {
-		if o, ok := q.old.Owner(key); ok && o.ID == q.from && o.ID != r.l.ID {
-			p = q
-			break
-		}
-	}
-	r.mu.Unlock()
-	if p == nil {
-		return
-	}
-	r.Waited.Add(1)
-	t := time.NewTimer(time.Until(p.deadline))
-	defer t.Stop()
-	select {
-	case <-p.done:
-	case <-ctx.Done():
-	case <-t.C:
-		r.Expired.Add(1)
-		r.mu.Lock()
-		r.markFresh(ruleName, key)
-		r.mu.Unlock()
-		r.finish(p.from, false) // the sender is gone or slow: stop holding its keys
-	}
-}
-
-// Prepare implements peerv1.HandoffServiceServer.
-func (r *Receiver) Prepare(ctx context.Context, req *peerv1.PrepareRequest) (*peerv1.PrepareResponse, error) {
-	if !r.isPeer(ctx) {
-		return nil, status.Error(codes.PermissionDenied, "handoff is for peers only: present a peer certificate")
-	}
-	wait := time.Duration(req.GetWaitNs())
-	if wait <= 0 || wait > time.Minute {
-		wait = DefaultWait
-	}
-	r.expect(req.GetFrom(), r.view(), wait, true)
-	return &peerv1.PrepareResponse{}, nil
-}
-
-// Transfer implements peerv1.HandoffServiceServer: every batch is
-// installed as it arrives; the last one ends the handoff's hold.
-func (r *Receiver) Transfer(stream grpc.ClientStreamingServer[peerv1.HandoffBatch, peerv1.TransferResponse]) error {
-	if !r.isPeer(stream.Context()) {
-		return status.Error(codes.PermissionDenied, "handoff is for peers only: present a peer certificate")
-	}
-	var installed int64
-	first := true
-	for {
-		b, err := stream.Recv()
-		if err == io.EOF {
-			return stream.SendAndClose(&peerv1.TransferResponse{Installed: installed})
-		}
-		if err != nil {
-			return err
-		}
-		now := r.l.Now()
-		offset := now - b.GetSenderNowNs() // the sender's clock to ours
-		if first {
-			first = false
-			var is []shard.Issuer
-			for _, in := range b.GetIssuers() {
-				var k grant.Keys
-				if err := k.UnmarshalBinary(in.GetKeys()); err != nil {
-					return status.Errorf(codes.InvalidArgument, "issuer: %v", err)
-				}
-				is = append(is, shard.Issuer{Keys: k, Offset: in.GetOffsetNs() + offset})
-			}
-			r.l.Buckets.AddIssuers(is)
-		}
-		t := r.l.Table()
-		for _, s := range b.GetBuckets() {
-			ok, err := r.l.Buckets.Import(t, FromPB(s), now)
-			if err != nil {
-				return status.Errorf(codes.FailedPrecondition, "install bucket of rule %q: %v", s.GetRule(), err)
-			}
-			if ok {
-				installed++
-				r.Installed.Add(1)
-			}
-		}
-		if b.GetLast() {
-			r.finish(b.GetFrom(), true)
-		}
-	}
 }
 
 // batchSize is a batch's encoded size.

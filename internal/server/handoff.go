@@ -2,16 +2,26 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/handoff"
+	"github.com/tokenserver/tokenserver/internal/overadmit"
+	"github.com/tokenserver/tokenserver/internal/rule"
 	peerv1 "github.com/tokenserver/tokenserver/proto/tokenserver/peer/v1"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // Bucket handoff (internal/handoff): on a planned move of keys (this node
@@ -42,12 +52,14 @@ func (n *Node) newHandoff() func(grpc.ServiceRegistrar) {
 			func() float64 { return float64(n.handoff.Expired.Load()) }),
 		&exposureCollector{n: n},
 	)
+	n.addBoundParts()
 	return func(s grpc.ServiceRegistrar) { peerv1.RegisterHandoffServiceServer(s, n.handoff) }
 }
 
-// exposureDesc is tokenserver_overadmission_bound_permits.
+// exposureDesc is tokenserver_overadmission_bound_permits: the sum of the
+// components of n.bound (overadmit.Bound), one gauge per rule.
 var exposureDesc = prometheus.NewDesc("tokenserver_overadmission_bound_permits",
-	"Per rule, the over-admission this node's own actions currently expose, in permits: keys it started fresh after an unplanned move or a handoff that did not come, times the key's capacity, for one period of the rule. See docs/operations.md.",
+	"Per rule, the over-admission this node's own actions currently expose, in permits: the sum of keys it started fresh after an unplanned move (or a handoff that did not come) times their capacity, permits held by live concurrency leases, and debt. See docs/operations.md.",
 	[]string{"rule"}, nil)
 
 // exposureCollector reports exposureDesc on every scrape.
@@ -57,9 +69,52 @@ func (c *exposureCollector) Describe(ch chan<- *prometheus.Desc) { ch <- exposur
 
 func (c *exposureCollector) Collect(ch chan<- prometheus.Metric) {
 	t := c.n.data.Table()
+	now := time.Now()
 	for _, r := range t.Rules() {
-		ch <- prometheus.MustNewConstMetric(exposureDesc, prometheus.GaugeValue, float64(c.n.handoff.Exposure(t.Get(r.Name), time.Now())), r.Name)
+		ch <- prometheus.MustNewConstMetric(exposureDesc, prometheus.GaugeValue, float64(c.n.bound.Permits(t.Get(r.Name), now)), r.Name)
 	}
+}
+
+// owedEvery is how often the debt and lease parts of the bound rescan the
+// buckets (shard.Map.Owed): at most once per this, whatever the scrapes.
+const owedEvery = 5 * time.Second
+
+// owedCache is the last scan of the buckets' debt and leases, per rule.
+type owedCache struct {
+	mu     sync.Mutex
+	at     time.Time
+	debt   map[string]int64
+	leased map[string]int64
+}
+
+// get returns the scan's figures for rule name, scanning n's buckets
+// again when the last scan is older than owedEvery.
+func (o *owedCache) get(n *Node, name string, now time.Time) (debt, leased int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.debt == nil || now.Sub(o.at) >= owedEvery {
+		o.at, o.debt, o.leased = now, map[string]int64{}, map[string]int64{}
+		n.buckets.Owed(n.now(), func(c *rule.Compiled, debt, leased int64) {
+			o.debt[c.Rule.Name] += debt
+			o.leased[c.Rule.Name] += leased
+		})
+	}
+	return o.debt[name], o.leased[name]
+}
+
+// addBoundParts registers the handoff's parts of the over-admission bound
+// (others, such as replication lag, register theirs on n.bound).
+func (n *Node) addBoundParts() {
+	var owed owedCache
+	n.bound.Add(overadmit.Func{N: "unplanned_fresh", F: n.handoff.Exposure})
+	n.bound.Add(overadmit.Func{N: "leases", F: func(c *rule.Compiled, now time.Time) int64 {
+		_, leased := owed.get(n, c.Rule.Name, now)
+		return leased
+	}})
+	n.bound.Add(overadmit.Func{N: "debt", F: func(c *rule.Compiled, now time.Time) int64 {
+		debt, _ := owed.get(n, c.Rule.Name, now)
+		return debt
+	}})
 }
 
 // dialPeer opens (or reuses) the connection to a peer.
@@ -90,7 +145,7 @@ func (n *Node) handOver(ctx context.Context, why string) {
 		m, ok := n.data.View().Owner(key)
 		return m, ok && m.ID != self
 	}
-	buckets, bytes, err := handoff.Send(ctx, n.handoffLocal(), moved, n.dialPeer, handoffRetry)
+	buckets, bytes, err := handoff.Send(ctx, n.handoffLocal(), moved, n.dialPeer, handoffRetry, n.data.View().Members()...)
 	n.handoff.SentBuckets.Add(buckets)
 	n.handoff.SentBytes.Add(bytes)
 	if err != nil {
@@ -152,4 +207,146 @@ func (n *Node) watchMoves() {
 		}
 		old, ch = cur, next
 	}
+}
+
+// HandoffHeader marks a decision that a key's new owner sends to the
+// key's old owner while the key's state is in flight: the old owner
+// decides it from the bucket it still holds, or answers Aborted with
+// reason HandedOverReason (it froze the bucket to hand it over: the
+// state is on the wire) or NotHereReason (it holds no state for the key:
+// nothing is in flight). It never forwards such a call.
+const HandoffHeader = "x-tokenserver-handoff"
+
+// The google.rpc.ErrorInfo reasons of an old owner's Aborted (see
+// HandoffHeader).
+const (
+	HandedOverReason = "HANDED_OVER"
+	NotHereReason    = "NOT_HERE"
+)
+
+// handoffRetryAfter is the retry_after of a deny for a key whose state
+// did not arrive within the caller's time: about a batch's trip.
+const handoffRetryAfter = 20 * time.Millisecond
+
+// fromNewOwner reports whether the call is a new owner's question to this
+// node as a key's old owner (HandoffHeader).
+func fromNewOwner(ctx context.Context) bool {
+	return len(metadata.ValueFromIncomingContext(ctx, HandoffHeader)) > 0
+}
+
+// oldOwnerAnswer is the Aborted an old owner answers with reason.
+func oldOwnerAnswer(reason, format string, args ...any) error {
+	st := status.New(codes.Aborted, fmt.Sprintf(format, args...))
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: pb.ErrorDomain}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// oldOwnerReason is the reason of an old owner's Aborted, "" for any
+// other error.
+func oldOwnerReason(err error) string {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Aborted {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == pb.ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// handoffDecide handles an acquire whose key's bucket is not decided here
+// yet. done says it answered (into resp, grant id included), else the
+// caller decides locally.
+//
+// On the key's new owner, while the state is in flight (InFlight), the
+// call goes to the old owner, which still holds the bucket and answers
+// while it drains (--drain-linger). Once the old owner has frozen the
+// bucket, the call waits for the batch carrying it, within the caller's
+// deadline less a reserve to answer in; if the state has still not come,
+// it is denied with a short retry_after: a deny is an answer, so the SDK
+// does not fall back, and nothing is admitted twice. On the old owner
+// (HandoffHeader), a key it holds no state for is NotHereReason.
+func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (bool, error) {
+	name, key := req.GetRule(), req.GetKey()
+	if fromNewOwner(ctx) {
+		if held, _ := n.buckets.Held(name, key); !held {
+			if owner, ok := n.data.View().Owner(key); !ok || owner.ID != n.data.ID() {
+				return true, oldOwnerAnswer(NotHereReason, "node %s holds no state for key %q of rule %q", n.data.ID(), key, name)
+			}
+		}
+		return false, nil
+	}
+	old, ok := n.handoff.InFlight(name, key)
+	if !ok {
+		return false, nil
+	}
+	n.handoff.Asked.Add(1)
+	r, err := tryOwner(metadata.AppendToOutgoingContext(ctx, HandoffHeader, "1"), n, &old, func(ctx context.Context, tc pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
+		return tc.AcquireToken(ctx, req)
+	})
+	switch reason := oldOwnerReason(err); {
+	case err == nil:
+		proto.Reset(resp)
+		proto.Merge(resp, r)
+		return true, nil
+	case reason == NotHereReason:
+		return false, nil // nothing of the key is in flight
+	case reason == "" && !unreachable(err):
+		return true, err // the old owner's answer (a bad request, an unknown rule)
+	}
+	// Handed over (on the wire), or the old owner did not answer: wait.
+	until := time.Now().Add(handoff.DefaultWait)
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		until = dl.Add(-max(answerReserve(left), left/4))
+	}
+	if n.handoff.WaitKey(ctx, name, key, until) {
+		return false, nil
+	}
+	n.handoff.Held.Add(1)
+	proto.Reset(resp)
+	resp.RetryAfterNs = int64(handoffRetryAfter)
+	resp.Remaining = 0
+	resp.RuleVersion = c.Rule.Version
+	resp.Epoch = epoch
+	resp.Reason = pb.Reason_LIMIT
+	return true, nil
+}
+
+// decideMoved answers an acquire on a bucket this node handed over
+// (shard.ErrMoved). The key's owner in the view decides it; to a new
+// owner's question (HandoffHeader) the answer is HandedOverReason. When
+// the view gives the key back to this node and no handoff of it is
+// pending (InFlight came first), the handoff back never comes: the bucket
+// goes on from the state it left with, never fresh, and counts in the
+// exposure metric.
+func (n *Node) decideMoved(ctx context.Context, t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) error {
+	name, key := req.GetRule(), req.GetKey()
+	if fromNewOwner(ctx) {
+		return oldOwnerAnswer(HandedOverReason, "node %s handed the bucket of key %q of rule %q over", n.data.ID(), key, name)
+	}
+	owner, ok := n.data.View().Owner(key)
+	if !ok || owner.ID == n.data.ID() {
+		if n.buckets.Thaw(name, key) {
+			n.handoff.MarkStale(name, key)
+		}
+		g, err := n.decide(ctx, t, epoch, req, resp)
+		if err == nil && !g.IsZero() {
+			resp.GrantId = g.String()
+		}
+		return err
+	}
+	r, err := toOwner(ctx, n, &owner, func(ctx context.Context, tc pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
+		return tc.AcquireToken(ctx, req)
+	})
+	if err != nil {
+		return err
+	}
+	proto.Reset(resp)
+	proto.Merge(resp, r)
+	return nil
 }

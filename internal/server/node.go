@@ -32,6 +32,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/handoff"
+	"github.com/tokenserver/tokenserver/internal/overadmit"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
@@ -85,8 +86,11 @@ type Node struct {
 	metrics       *metrics
 	envoy         *envoy            // Envoy's rate limit service (envoy*.go)
 	handoff       *handoff.Receiver // handoff.go
-	views         viewCaster
-	done          chan struct{}
+	// bound is tokenserver_overadmission_bound_permits: parts register
+	// with bound.Add (handoff.go).
+	bound overadmit.Bound
+	views viewCaster
+	done  chan struct{}
 	// auth authorizes calls (nil when auth is off); peersOnly says that the
 	// forwarded marker counts only from peers (TLS or auth is on).
 	auth      *auth.Authenticator

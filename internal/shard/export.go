@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -106,17 +107,35 @@ func (m *Map) open(g *grant.Grant, bk []byte, gen uint64) bool {
 }
 
 // Has reports whether the Map holds a bucket for key under the rule named
-// ruleName (of any generation).
+// ruleName (of any generation) that it decides on: one it handed over
+// (HandOver) does not count.
 func (m *Map) Has(ruleName, key string) bool {
+	held, moved := m.Held(ruleName, key)
+	return held && !moved
+}
+
+// Held reports whether the Map holds a bucket for key under the rule
+// named ruleName (of any generation), and whether it handed that bucket
+// over (HandOver).
+func (m *Map) Held(ruleName, key string) (held, moved bool) {
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], ruleName, key)
 	sh, h := m.shardOf(bk)
 	e := m.lookup(sh, h, bk)
 	if e == nil {
-		return false
+		return false, false
 	}
-	e.mu.Unlock()
-	return true
+	defer e.mu.Unlock()
+	return true, e.moved
+}
+
+// ErrMoved is the error of a decision on a bucket this Map handed over to
+// the key's new owner (HandOver): the caller sends the decision there.
+var ErrMoved = errors.New("the bucket was handed over to the key's new owner")
+
+// errMoved is ErrMoved for e under rule c; e.mu is held.
+func errMoved(e *entry, c *rule.Compiled) error {
+	return fmt.Errorf("key %q of rule %q: %w", e.key[len(c.Rule.Name)+1:], c.Rule.Name, ErrMoved)
 }
 
 // Export calls fn with the state of every bucket whose key moved says
@@ -125,6 +144,37 @@ func (m *Map) Has(ruleName, key string) bool {
 // is routed elsewhere everywhere, a call that still lands here is decided
 // on the same state.
 func (m *Map) Export(now int64, moved func(ruleName, key string) bool, fn func(BucketState) error) error {
+	return m.export(now, moved, false, fn)
+}
+
+// HandOver is Export for a handoff: under the same lock as its export,
+// each bucket is frozen, so that no decision here changes it after the
+// state it handed over (a decision on it fails with ErrMoved) and the
+// new owner's count is exact. A bucket frozen already is exported again
+// (a retried handoff). Import of the key, or Thaw, unfreezes it.
+func (m *Map) HandOver(now int64, moved func(ruleName, key string) bool, fn func(BucketState) error) error {
+	return m.export(now, moved, true, fn)
+}
+
+// Thaw unfreezes the bucket of key under ruleName that HandOver froze:
+// the key came back here and no newer state will come (its handoff
+// failed), so it goes on from the state it had when it left, never from a
+// fresh bucket. It reports whether there was such a bucket.
+func (m *Map) Thaw(ruleName, key string) bool {
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], ruleName, key)
+	sh, h := m.shardOf(bk)
+	e := m.lookup(sh, h, bk)
+	if e == nil {
+		return false
+	}
+	defer e.mu.Unlock()
+	was := e.moved
+	e.moved = false
+	return was
+}
+
+func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bool, fn func(BucketState) error) error {
 	for i := range m.shards {
 		tab := m.shards[i].tab.Load()
 		for j := range tab.slots {
@@ -144,6 +194,9 @@ func (m *Map) Export(now int64, moved func(ruleName, key string) bool, fn func(B
 				continue
 			}
 			s, err := e.export(key, now)
+			if err == nil && freeze {
+				e.moved = true
+			}
 			e.mu.Unlock()
 			if err != nil {
 				return err
@@ -218,9 +271,12 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	cfg = c.ConfigFor(s.Key)
 	before := e.bytes()
 	peek := bucket.Request{}
-	if b.Acquire(cfg, now, peek).Remaining <= e.b.Acquire(cfg, now, peek).Remaining {
+	if e.moved || b.Acquire(cfg, now, peek).Remaining <= e.b.Acquire(cfg, now, peek).Remaining {
+		// A bucket this Map handed over is stale: the state that comes
+		// back is the key's.
 		e.b = b
 	}
+	e.moved = false
 	e.seq = max(e.seq, s.Seq)
 	e.penaltyUntil = max(e.penaltyUntil, addSat(now, max(0, s.PenaltyLeft)))
 	if len(s.Refilled) > 0 || s.RefillFloor != 0 {
