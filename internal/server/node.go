@@ -264,7 +264,8 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	go n.sweep()
 	go n.watchReadiness()
 	go n.watchAuth()
-	go n.watchMoves()
+	n.wg.Add(1)
+	go n.watchMoves() // handoff.go
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {
