@@ -65,15 +65,28 @@ type Local struct {
 // owner, one Transfer stream per owner, in batches of BatchBuckets, the
 // grant issuers first. Each bucket is frozen here as it is exported
 // (shard.Map.HandOver): decisions on it after that go to the new owner,
-// so the state it receives is the whole count. dial opens a connection to a member. A failed
-// owner's buckets are sent again, to the owner moved reports then (the
-// view may have moved the key on), every retry until ctx ends; import is
+// so the state it receives is the whole count. dial opens a connection
+// to a member. A failed owner's buckets are sent again, to the owner
+// moved reports then (the view may have moved the key on; a key moved
+// back here is thawed), every retry until ctx ends; import is
 // idempotent, so a stream cut in the middle is simply sent again. It
 // returns the buckets and bytes sent.
 //
 // Every member of also that gets no bucket is sent an empty last batch,
 // so that it stops waiting for this node's keys at once.
 func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluster.Member, bool), dial func(addr string) (grpc.ClientConnInterface, error), retry time.Duration, also ...cluster.Member) (buckets, bytes int64, err error) {
+	now := l.Now()
+	var states []*peerv1.BucketState
+	err = l.Buckets.HandOver(now, func(ruleName, key string) bool {
+		m, ok := moved(ruleName, key)
+		return ok && m.ID != l.ID
+	}, func(s shard.BucketState) error {
+		states = append(states, ToPB(s))
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("handoff export: %w", err)
+	}
 	for {
 		groups := map[string]*group{}
 		for _, m := range also {
@@ -81,45 +94,38 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 				groups[m.ID] = &group{member: m}
 			}
 		}
-		now := l.Now()
-		err := l.Buckets.HandOver(now, func(ruleName, key string) bool {
-			m, ok := moved(ruleName, key)
-			return ok && m.ID != l.ID
-		}, func(s shard.BucketState) error {
-			m, _ := moved(s.Rule, s.Key)
+		for _, s := range states {
+			m, ok := moved(s.GetRule(), s.GetKey())
+			if !ok || m.ID == l.ID {
+				// The key came back here before a new owner had it: it
+				// goes on from the state it left with.
+				l.Buckets.Thaw(s.GetRule(), s.GetKey())
+				continue
+			}
 			g := groups[m.ID]
 			if g == nil {
 				g = &group{member: m}
 				groups[m.ID] = g
 			}
-			g.states = append(g.states, ToPB(s))
-			return nil
-		})
-		if err != nil {
-			return buckets, bytes, fmt.Errorf("handoff export: %w", err)
+			g.states = append(g.states, s)
 		}
 		var failed error
-		failedIDs := map[string]bool{}
+		states, also = states[:0:0], nil
 		for _, g := range groups {
 			n, b, err := sendGroup(ctx, l, g, now, dial)
 			buckets += n
 			bytes += b
-			if err != nil {
-				failedIDs[g.member.ID] = true
+			if err != nil && len(g.states) > 0 {
+				// Sent again whole (import is idempotent), to the owner
+				// the view gives each key then. (A member that had
+				// nothing to get is not retried: its wait runs out.)
+				states = append(states, g.states...)
 				failed = errors.Join(failed, fmt.Errorf("handoff to %s: %w", g.member.ID, err))
 			}
 		}
 		if failed == nil {
 			return buckets, bytes, nil
 		}
-		// Try again the members that failed, and only them.
-		again := also[:0:0]
-		for _, m := range also {
-			if failedIDs[m.ID] {
-				again = append(again, m)
-			}
-		}
-		also = again
 		select {
 		case <-ctx.Done():
 			return buckets, bytes, fmt.Errorf("%w (gave up: %v)", failed, ctx.Err())

@@ -240,12 +240,13 @@ func (r *Receiver) InFlight(ruleName, key string) (cluster.Member, bool) {
 	return cluster.Member{}, false
 }
 
-// WaitKey waits until key's bucket of ruleName is installed here or the
-// handoff it belongs to ends (true: decide here), or until until passes
-// or ctx ends (false: the state is still in flight). It is for a key
-// whose old owner has handed the bucket over already, so the wait is
-// that of a batch on the wire.
-func (r *Receiver) WaitKey(ctx context.Context, ruleName, key string, until time.Time) bool {
+// WaitKey waits until key's bucket of ruleName is installed here (true:
+// decide here), or until until passes or ctx ends (false: the state is
+// still in flight). When the old owner has not said that it handed the
+// bucket over (handedOver false: it did not answer), the end of the
+// handoff the key belongs to, or there being none, is also true. The
+// wait is that of a batch on the wire.
+func (r *Receiver) WaitKey(ctx context.Context, ruleName, key string, until time.Time, handedOver bool) bool {
 	r.Waited.Add(1)
 	for {
 		if r.l.Buckets.Has(ruleName, key) {
@@ -255,17 +256,25 @@ func (r *Receiver) WaitKey(ctx context.Context, ruleName, key string, until time
 		r.mu.Lock()
 		p, woke := r.pendingFor(key, now), r.installed
 		r.mu.Unlock()
-		if p == nil {
+		if p == nil && !handedOver {
 			return true
 		}
 		left := until.Sub(now)
 		if left <= 0 {
 			return false
 		}
-		t := time.NewTimer(min(left, p.deadline.Sub(now)))
+		var done <-chan struct{}
+		if p != nil {
+			done, left = p.done, min(left, p.deadline.Sub(now))
+		}
+		t := time.NewTimer(left)
 		select {
 		case <-woke:
-		case <-p.done:
+		case <-done:
+			if handedOver { // it ended without this key: it went elsewhere
+				t.Stop()
+				return r.l.Buckets.Has(ruleName, key)
+			}
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()

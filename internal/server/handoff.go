@@ -3,8 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -157,55 +157,83 @@ func (n *Node) handOver(ctx context.Context, why string) {
 	}
 }
 
-// watchMoves hands buckets over when the view moves keys away from this
-// node while it stays a member (a member joins or comes back), and, when
-// this node enters the view, holds keys back until the members that held
-// them have handed them over. A drain is Stop's (prepareHandoff,
-// handOver).
+// viewSeen is the last view observeView handled, and its lock.
+type viewSeen struct {
+	mu   sync.Mutex
+	view atomic.Pointer[cluster.View]
+}
+
+// watchMoves runs observeView on every view change, until the node stops.
 func (n *Node) watchMoves() {
 	defer n.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { <-n.done; cancel() }()
-	self := n.data.ID()
-	in := func(v *cluster.View) bool {
-		return slices.ContainsFunc(v.Members(), func(m cluster.Member) bool { return m.ID == self })
-	}
-	old, ch := n.data.View(), n.data.ViewChanged()
+	ch := n.data.ViewChanged()
+	n.observeView(n.data.View())
 	for {
 		select {
 		case <-n.done:
 			return
 		case <-ch:
 		}
-		cur, next := n.data.View(), n.data.ViewChanged()
-		if in(cur) {
-			// Members gone without announcing a drain failed: their keys
-			// start fresh here, which the exposure metric counts.
-			for _, m := range old.Members() {
-				if _, still := cur.Member(m.ID); !still && m.ID != self {
-					n.handoff.Unplanned(m.ID, old)
-				}
+		ch = n.data.ViewChanged()
+		n.observeView(n.data.View())
+	}
+}
+
+// observeView handles the move from the last view it saw to cur, once per
+// view: it hands buckets over when the view moves keys away from this
+// node while it stays a member (a member joins or comes back), and, when
+// this node enters the view, expects the members that held its keys to
+// hand them over. A drain is Stop's (prepareHandoff, handOver). Decisions
+// call it too (cheap when the view is the one seen), so that a key is
+// never decided on a view whose moves are not yet expected.
+func (n *Node) observeView(cur *cluster.View) {
+	if n.seen.view.Load() == cur {
+		return
+	}
+	n.seen.mu.Lock()
+	defer n.seen.mu.Unlock()
+	old := n.seen.view.Load()
+	if old == cur {
+		return
+	}
+	n.seen.view.Store(cur)
+	if old == nil {
+		return // the first view: nothing moved
+	}
+	self := n.data.ID()
+	in := func(v *cluster.View) bool { _, ok := v.Member(self); return ok }
+	if in(cur) {
+		// Members gone without announcing a drain failed: their keys
+		// start fresh here, which the exposure metric counts.
+		for _, m := range old.Members() {
+			if _, still := cur.Member(m.ID); !still && m.ID != self {
+				n.handoff.Unplanned(m.ID, old)
 			}
 		}
-		switch {
-		case n.draining.Load():
-		case in(old) && in(cur) && !old.Equal(cur):
-			n.wg.Add(1)
-			go func() {
-				defer n.wg.Done()
-				hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				defer cancel()
-				n.handOver(hctx, "view change")
+	}
+	switch {
+	case n.draining.Load():
+	case in(old) && in(cur) && !old.Equal(cur):
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			go func() { // the node stopping ends the handoff
+				select {
+				case <-n.done:
+					cancel()
+				case <-ctx.Done():
+				}
 			}()
-		case !in(old) && in(cur):
-			for _, m := range old.Members() {
-				if _, still := cur.Member(m.ID); still && m.ID != self {
-					n.handoff.Expect(m.ID, old, handoff.DefaultWait)
-				}
+			n.handOver(ctx, "view change")
+		}()
+	case !in(old) && in(cur):
+		for _, m := range old.Members() {
+			if _, still := cur.Member(m.ID); still && m.ID != self {
+				n.handoff.Expect(m.ID, old, handoff.DefaultWait)
 			}
 		}
-		old, ch = cur, next
 	}
 }
 
@@ -280,9 +308,21 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		}
 		return false, nil
 	}
+	v := n.data.View()
+	n.observeView(v)
 	old, ok := n.handoff.InFlight(name, key)
 	if !ok {
-		return false, nil
+		// A node outside its own view (draining, or entering before it
+		// has heard) that a call reaches holds no state for a key it
+		// holds no bucket of: the owner in its view does.
+		owner, has := v.Owner(key)
+		if _, in := v.Member(n.data.ID()); in || !has || !forwarded(ctx) {
+			return false, nil
+		}
+		if held, _ := n.buckets.Held(name, key); held {
+			return false, nil
+		}
+		old = owner
 	}
 	n.handoff.Asked.Add(1)
 	r, err := tryOwner(metadata.AppendToOutgoingContext(ctx, HandoffHeader, "1"), n, &old, func(ctx context.Context, tc pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
@@ -304,7 +344,7 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		left := time.Until(dl)
 		until = dl.Add(-max(answerReserve(left), left/4))
 	}
-	if n.handoff.WaitKey(ctx, name, key, until) {
+	if n.handoff.WaitKey(ctx, name, key, until, oldOwnerReason(err) == HandedOverReason) {
 		return false, nil
 	}
 	n.handoff.Held.Add(1)

@@ -89,6 +89,7 @@ type Node struct {
 	// bound is tokenserver_overadmission_bound_permits: parts register
 	// with bound.Add (handoff.go).
 	bound overadmit.Bound
+	seen  viewSeen // the last view observeView handled (handoff.go)
 	views viewCaster
 	done  chan struct{}
 	// auth authorizes calls (nil when auth is off); peersOnly says that the

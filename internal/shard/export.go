@@ -150,8 +150,9 @@ func (m *Map) Export(now int64, moved func(ruleName, key string) bool, fn func(B
 // HandOver is Export for a handoff: under the same lock as its export,
 // each bucket is frozen, so that no decision here changes it after the
 // state it handed over (a decision on it fails with ErrMoved) and the
-// new owner's count is exact. A bucket frozen already is exported again
-// (a retried handoff). Import of the key, or Thaw, unfreezes it.
+// new owner's count is exact. A bucket frozen already is not exported
+// again (its handoff sends what it froze). Import of the key, or Thaw,
+// unfreezes it.
 func (m *Map) HandOver(now int64, moved func(ruleName, key string) bool, fn func(BucketState) error) error {
 	return m.export(now, moved, true, fn)
 }
@@ -189,7 +190,7 @@ func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bo
 			}
 			name := e.rule.Rule.Name
 			key := e.key[len(name)+1:]
-			if !moved(name, key) {
+			if (freeze && e.moved) || !moved(name, key) {
 				e.mu.Unlock()
 				continue
 			}
