@@ -2,6 +2,7 @@ package handoff
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -214,5 +215,123 @@ func TestHandoffRefusesNonPeers(t *testing.T) {
 	defer pcancel()
 	if err := Prepare(pctx, a.l, cluster.Member{ID: "b", GRPCAddr: b.addr}, dial(t), time.Second); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("prepare from a non-peer: %v, want PermissionDenied", err)
+	}
+}
+
+// TestHandoffStreamCutKeepsKeysInFlight cuts a transfer after its first
+// batch: the keys of that batch are installed, the others stay in flight
+// (InFlight names the sender, and a wait for them ends without a fresh
+// bucket) until the sender's retry installs them, used up.
+func TestHandoffStreamCutKeepsKeysInFlight(t *testing.T) {
+	tbl, c := rules(t)
+	a, b := newNode(t, "a", tbl, 1e15, true), newNode(t, "b", tbl, 1e12, true)
+	keys := make([]string, 2*BatchBuckets)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		use(t, a, c, keys[i], 100)
+	}
+	b.r.Expect("a", cluster.NewView(1, []cluster.Member{{ID: "a", GRPCAddr: a.addr}}), time.Minute)
+	var states []*peerv1.BucketState
+	if err := a.l.Buckets.HandOver(a.l.Now(), func(string, string) bool { return true }, func(s shard.BucketState) error {
+		states = append(states, ToPB(s))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	conn, _ := dial(t)(b.addr)
+	st, err := peerv1.NewHandoffServiceClient(conn).Transfer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuers, _ := issuersPB(a.l.Buckets.Issuers())
+	if err := st.Send(&peerv1.HandoffBatch{From: "a", SenderNowNs: a.l.Now(), Issuers: issuers, Buckets: states[:BatchBuckets]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CloseAndRecv(); err != nil { // the cut: no last batch
+		t.Fatal(err)
+	}
+	installed, missing := states[0].GetKey(), states[len(states)-1].GetKey()
+	if _, ok := b.r.InFlight("q", installed); ok {
+		t.Fatalf("key %s was installed, yet reported in flight", installed)
+	}
+	if m, ok := b.r.InFlight("q", missing); !ok || m.ID != "a" {
+		t.Fatalf("key %s of the cut part: InFlight = %v, %v; want a, true", missing, m, ok)
+	}
+	if b.r.WaitKey(context.Background(), "q", missing, time.Now().Add(20*time.Millisecond), true) {
+		t.Fatal("a wait for a key handed over but cut off ended as if it could be decided here")
+	}
+	// The sender's retry (the whole stream again).
+	retry := &peerv1.HandoffBatch{From: "a", SenderNowNs: a.l.Now(), Issuers: issuers, Buckets: states, Last: true}
+	st, err = peerv1.NewHandoffServiceClient(conn).Transfer(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(retry); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
+	if !b.r.WaitKey(context.Background(), "q", missing, time.Now().Add(time.Second), true) {
+		t.Fatal("the retried transfer did not install the key")
+	}
+	for _, k := range []string{installed, missing} {
+		if got := use(t, b, c, k, 10); got != 0 {
+			t.Fatalf("used-up key %s admitted %d after a cut and a retry", k, got)
+		}
+	}
+}
+
+// TestHandoffNewOwnerDiesKeyComesBack: the new owner dies during the
+// handoff and the view gives the key back to the sender: the sender goes
+// on from the state it froze (used up), never from a fresh bucket, and
+// decides again.
+func TestHandoffNewOwnerDiesKeyComesBack(t *testing.T) {
+	tbl, c := rules(t)
+	a, b := newNode(t, "a", tbl, 1e15, true), newNode(t, "b", tbl, 1e12, true)
+	use(t, a, c, "k", 95)
+	b.srv.Stop() // dies
+	var tries atomic.Int64
+	moved := func(r, k string) (cluster.Member, bool) {
+		if tries.Add(1) <= 2 { // the export's filter and the first attempt
+			return to(b)(r, k)
+		}
+		return cluster.Member{ID: "a", GRPCAddr: a.addr}, true // b left the view: the key is a's again
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, _, err := Send(ctx, a.l, moved, dial(t), 10*time.Millisecond); err != nil {
+		t.Fatalf("Send: %v (the key came back: nothing left to send)", err)
+	}
+	if got := use(t, a, c, "k", 10); got != 5 {
+		t.Fatalf("after the key came back, a admitted %d, want the 5 left of its frozen state", got)
+	}
+}
+
+// TestWaitKeyHandedOverElsewhere: the old owner said it handed the key
+// over, and the handoff this node waited for ends without it (the key
+// went to another node): the wait ends false, never in a fresh bucket
+// (at the end of the handoff, or at its own bound if it began after).
+func TestWaitKeyHandedOverElsewhere(t *testing.T) {
+	tbl, _ := rules(t)
+	a, b := newNode(t, "a", tbl, 1e15, true), newNode(t, "b", tbl, 1e12, true)
+	b.r.Expect("a", cluster.NewView(1, []cluster.Member{{ID: "a", GRPCAddr: a.addr}}), time.Minute)
+	done := make(chan bool)
+	go func() { done <- b.r.WaitKey(context.Background(), "q", "k", time.Now().Add(2*time.Second), true) }()
+	// a hands b nothing: an empty last batch ends its handoff.
+	if _, _, err := Send(context.Background(), a.l, func(string, string) (cluster.Member, bool) { return cluster.Member{}, false },
+		dial(t), time.Millisecond, cluster.Member{ID: "b", GRPCAddr: b.addr}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ok := <-done:
+		if ok {
+			t.Fatal("the wait ended as if the key could start fresh here")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the end of the handoff did not end the wait")
+	}
+	if b.r.npending.Load() != 0 {
+		t.Fatal("the empty last batch did not end the handoff")
 	}
 }

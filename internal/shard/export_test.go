@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -113,5 +114,84 @@ func TestImportDropsOtherGeneration(t *testing.T) {
 	st.Generation++
 	if ok, err := New(Config{}).Import(s.Table(), st, 100); ok || err != nil {
 		t.Fatalf("import of another generation = %v, %v; want false, nil", ok, err)
+	}
+}
+
+// TestHandOverFreezesTheBucket is the regression test of the rolling
+// restart that admitted one request too many for 85 of 5,000 keys: a
+// bucket handed over takes no decision on the old owner after its export
+// (ErrMoved), is not exported twice, and is replaced by the state that
+// comes back (Import) or goes on from its own (Thaw), never fresh.
+func TestHandOverFreezesTheBucket(t *testing.T) {
+	day := 24 * time.Hour
+	s, get := store(t,
+		&rule.Rule{Name: "fw", Algorithm: bucket.FixedWindow, Limit: 10, Period: day},
+		&rule.Rule{Name: "tb", Algorithm: bucket.TokenBucket, Limit: 10, Period: day},
+		&rule.Rule{Name: "sl", Algorithm: bucket.SlidingLog, Limit: 10, Period: day},
+	)
+	for _, name := range []string{"fw", "tb", "sl"} {
+		t.Run(name, func(t *testing.T) {
+			c := get(name)
+			a, b := New(Config{}), New(Config{})
+			aNow, bNow := int64(1e15), int64(3e12)
+			admitted := int64(0)
+			for i := 0; i < 7; i++ {
+				admitted += acquire(t, a, c, "k", 1, aNow).Granted
+			}
+			var sent []BucketState
+			handOver := func() int {
+				n := 0
+				if err := a.HandOver(aNow, func(string, string) bool { return true }, func(st BucketState) error {
+					sent = append(sent, st)
+					n++
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			if n := handOver(); n != 1 {
+				t.Fatalf("HandOver exported %d buckets, want 1", n)
+			}
+			if _, err := a.Acquire(c, "k", bucket.Request{Permits: 1}, aNow); !errors.Is(err, ErrMoved) {
+				t.Fatalf("a decision after the handoff: %v, want ErrMoved", err)
+			}
+			if held, moved := a.Held(name, "k"); !held || !moved || a.Has(name, "k") {
+				t.Fatalf("Held = %v, %v; Has = %v: want a held, moved bucket that Has does not count", held, moved, a.Has(name, "k"))
+			}
+			if n := handOver(); n != 0 {
+				t.Fatalf("a frozen bucket was exported again (%d)", n)
+			}
+			if ok, err := b.Import(s.Table(), sent[0], bNow); err != nil || !ok {
+				t.Fatalf("import: %v %v", ok, err)
+			}
+			for i := 0; i < 5; i++ {
+				admitted += acquire(t, b, c, "k", 1, bNow).Granted
+			}
+			if admitted != 10 {
+				t.Fatalf("admitted %d across the handoff, want exactly the limit 10", admitted)
+			}
+			// The key comes back to a: b's state replaces a's frozen one,
+			// though a's had more left.
+			move(t, b, a, s.Table(), bNow, aNow)
+			if d := acquire(t, a, c, "k", 1, aNow); d.Allowed {
+				t.Fatal("the state handed back was not installed over the frozen bucket")
+			}
+			// A handoff that never comes back: Thaw goes on from the
+			// frozen state, never from a fresh bucket.
+			z := New(Config{})
+			for i := 0; i < 9; i++ {
+				acquire(t, z, c, "q", 1, aNow)
+			}
+			if err := z.HandOver(aNow, func(string, string) bool { return true }, func(BucketState) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if !z.Thaw(name, "q") || z.Thaw(name, "q") {
+				t.Fatal("Thaw: want true once, then false")
+			}
+			if got := acquire(t, z, c, "q", 0, aNow).Remaining; got != 1 {
+				t.Fatalf("thawed bucket has %d left, want the 1 it left with", got)
+			}
+		})
 	}
 }
