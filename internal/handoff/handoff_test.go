@@ -29,7 +29,7 @@ type node struct {
 	addr string
 }
 
-func newNode(t *testing.T, id string, tbl func() *rule.Table, clock int64, peer bool) *node {
+func newNode(t testing.TB, id string, tbl func() *rule.Table, clock int64, peer bool) *node {
 	t.Helper()
 	n := &node{l: Local{ID: id, Buckets: shard.New(shard.Config{}), Table: tbl, Now: func() int64 { return clock }}}
 	n.r = NewReceiver(n.l, func(context.Context) bool { return peer }, func() *cluster.View { return nil })
@@ -45,7 +45,7 @@ func newNode(t *testing.T, id string, tbl func() *rule.Table, clock int64, peer 
 	return n
 }
 
-func dial(t *testing.T) func(string) (grpc.ClientConnInterface, error) {
+func dial(t testing.TB) func(string) (grpc.ClientConnInterface, error) {
 	return func(addr string) (grpc.ClientConnInterface, error) {
 		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err == nil {
@@ -55,7 +55,7 @@ func dial(t *testing.T) func(string) (grpc.ClientConnInterface, error) {
 	}
 }
 
-func rules(t *testing.T) (func() *rule.Table, *rule.Compiled) {
+func rules(t testing.TB) (func() *rule.Table, *rule.Compiled) {
 	s, err := raftfsm.NewInmem("handoff-test", 0)
 	if err != nil {
 		t.Fatal(err)

@@ -25,9 +25,12 @@ import (
 )
 
 // Bucket handoff (internal/handoff): on a planned move of keys (this node
-// drains, another joins or comes back) the old owner sends the moved
-// buckets to their new owners, which hold decisions on those keys back
-// until the state has come (at most handoff.DefaultWait).
+// drains, another joins or comes back) the old owner freezes and sends
+// the moved buckets to their new owners. Until a key's state has come,
+// its new owner asks the old owner to decide (HandoffHeader), or, once
+// the old owner has handed it over, waits for the batch within the
+// caller's deadline and otherwise denies with a short retry_after: never
+// longer than the caller allows, never a fresh bucket.
 
 // handoffRetry is the pause between attempts to hand buckets over.
 const handoffRetry = 200 * time.Millisecond
@@ -48,8 +51,12 @@ func (n *Node) newHandoff() func(grpc.ServiceRegistrar) {
 			func() float64 { return float64(n.handoff.SentBytes.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokenserver_handoff_installed_buckets_total", Help: "Buckets handed over to this node and installed."},
 			func() float64 { return float64(n.handoff.Installed.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokenserver_handoff_expired_waits_total", Help: "Decisions whose wait for a handed-over bucket ran out (the key may start fresh)."},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokenserver_handoff_expired_waits_total", Help: "Announced handoffs whose wait ran out before they ended (the sender was gone or slow; its keys start fresh here)."},
 			func() float64 { return float64(n.handoff.Expired.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokenserver_handoff_asked_total", Help: "Decisions this node, as a key's new owner, sent to the key's old owner while the key's state was in flight."},
+			func() float64 { return float64(n.handoff.Asked.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokenserver_handoff_held_total", Help: "Decisions denied with a short retry_after because the key's state had not arrived within the caller's deadline."},
+			func() float64 { return float64(n.handoff.Held.Load()) }),
 		&exposureCollector{n: n},
 	)
 	n.addBoundParts()
