@@ -264,9 +264,11 @@ const (
 const handoffRetryAfter = 20 * time.Millisecond
 
 // fromNewOwner reports whether the call is a new owner's question to this
-// node as a key's old owner (HandoffHeader).
+// node as a key's old owner (HandoffHeader). It counts only on a
+// forwarded call, whose marker counts only from peers when peers can be
+// told apart (dropForeignForward).
 func fromNewOwner(ctx context.Context) bool {
-	return len(metadata.ValueFromIncomingContext(ctx, HandoffHeader)) > 0
+	return forwarded(ctx) && len(metadata.ValueFromIncomingContext(ctx, HandoffHeader)) > 0
 }
 
 // oldOwnerAnswer is the Aborted an old owner answers with reason.
