@@ -36,13 +36,14 @@ type handoffLoad struct {
 	// sdkConnClosing counts fallbacks on a connection the SDK closed
 	// itself (a member left its view mid-call).
 	sdkConnClosing atomic.Int64
-	running               sync.Map // node id -> true while up
+	running        sync.Map // node id -> true while up
 	// nodes and tokens are the members the raw load goes through (under
 	// mu: a scale test adds members while it runs).
 	nodes  []string
 	tokens map[string]pb.TokenServiceClient
 	stop   context.CancelFunc
-	wg                    sync.WaitGroup
+	began  time.Time // when the SDK load began
+	wg     sync.WaitGroup
 }
 
 const (
@@ -131,8 +132,7 @@ func (l *handoffLoad) round(tc pb.TokenServiceClient) {
 }
 
 // start uses up most of every key, then runs raw rounds through the nodes
-// that are up and an SDK (default call timeout) on handoffSDKKeys keys,
-// until stopAndCheck.
+// that are up and an SDK on handoffSDKKeys keys, until stopAndCheck.
 func (l *handoffLoad) start(t *testing.T, seeds []string) {
 	for i := 0; i < 8; i++ {
 		_, tc := l.node(i)
@@ -150,8 +150,13 @@ func (l *handoffLoad) start(t *testing.T, seeds []string) {
 			}
 		}
 	}()
-	began := time.Now()
-	sdk, err := client.New(ctx, seeds)
+	l.began = time.Now()
+	began := l.began
+	// The call timeout of TestRollingRestart: generous for a loaded test
+	// machine (the first calls on new connections), and the server
+	// bounds a wait for a key in flight by the caller's deadline,
+	// whatever it is.
+	sdk, err := client.New(ctx, seeds, client.WithCallTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +237,7 @@ func TestHandoffRollingRestart(t *testing.T) {
 		l.running.Store(id, false)
 		start := time.Now()
 		c.stop(id)
-		t.Logf("stopped %s in %v", id, time.Since(start))
+		t.Logf("stopped %s in %v (%v after the load began)", id, time.Since(start), time.Since(l.began).Round(time.Millisecond))
 		c.start(id)
 		l.running.Store(id, true)
 		c.waitFor("all 3 back in the view", 60*time.Second, func() bool { return c.liveCount() == 3 })

@@ -48,4 +48,3 @@ func BenchmarkHandoff100k(b *testing.B) {
 	b.ReportMetric(float64(bytes), "bytes/100k-buckets")
 	b.ReportMetric(float64(bytes)/n, "bytes/bucket")
 }
-

@@ -303,9 +303,10 @@ func oldOwnerReason(err error) string {
 // call goes to the old owner, which still holds the bucket and answers
 // while it drains (--drain-linger). Once the old owner has frozen the
 // bucket, the call waits for the batch carrying it, within the caller's
-// deadline less a reserve to answer in; if the state has still not come,
+// deadline; if the state has still not come,
 // it is denied with a short retry_after: a deny is an answer, so the SDK
-// does not fall back, and nothing is admitted twice. On the old owner
+// does not fall back, and nothing is admitted twice. The caller's time
+// goes in thirds: asking, waiting, and a third left to answer in. On the old owner
 // (HandoffHeader), a key it holds no state for is NotHereReason.
 func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (bool, error) {
 	name, key := req.GetRule(), req.GetKey()
@@ -334,9 +335,21 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		old = owner
 	}
 	n.handoff.Asked.Add(1)
-	r, err := tryOwner(metadata.AppendToOutgoingContext(ctx, HandoffHeader, "1"), n, &old, func(ctx context.Context, tc pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
+	// The caller's time in thirds: one to ask the old owner, one to wait
+	// for the state, one to answer in.
+	start := time.Now()
+	left := handoff.DefaultWait
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	actx, cancel := context.WithTimeout(ctx, left/3)
+	defer cancel()
+	r, err := toOwner(metadata.AppendToOutgoingContext(actx, HandoffHeader, "1"), n, &old, func(ctx context.Context, tc pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
 		return tc.AcquireToken(ctx, req)
 	})
+	if err != nil && actx.Err() != nil && ctx.Err() == nil {
+		err = failf(ErrUnavailable, "old owner %s did not answer within %v", old.ID, left/3)
+	}
 	switch reason := oldOwnerReason(err); {
 	case err == nil:
 		proto.Reset(resp)
@@ -348,11 +361,7 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		return true, err // the old owner's answer (a bad request, an unknown rule)
 	}
 	// Handed over (on the wire), or the old owner did not answer: wait.
-	until := time.Now().Add(handoff.DefaultWait)
-	if dl, ok := ctx.Deadline(); ok {
-		left := time.Until(dl)
-		until = dl.Add(-max(answerReserve(left), left/4))
-	}
+	until := start.Add(2 * left / 3)
 	if n.handoff.WaitKey(ctx, name, key, until, oldOwnerReason(err) == HandedOverReason) {
 		return false, nil
 	}
