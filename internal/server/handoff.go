@@ -128,7 +128,8 @@ func (n *Node) addBoundParts() {
 func (n *Node) dialPeer(addr string) (grpc.ClientConnInterface, error) { return n.peers.conn(addr) }
 
 // prepareHandoff tells the members that take this node's keys once it
-// leaves the view to hold those keys back until they arrive.
+// leaves the view that those keys will be in flight: until they arrive,
+// those members ask this node to decide them (handoffDecide).
 func (n *Node) prepareHandoff(ctx context.Context) {
 	self := n.data.ID()
 	for _, m := range n.data.View().Members() {
