@@ -8,6 +8,8 @@ TOOL := $(GO) tool -modfile=tools/go.mod
 PROTO_SRC := proto/tokenserver/v1/tokenserver.proto
 # The Raft log and snapshot formats (messages only, no services).
 PROTO_RAFT_SRC := proto/tokenserver/raft/v1/entries.proto
+# Node-to-node services (bucket handoff).
+PROTO_PEER_SRC := proto/tokenserver/peer/v1/handoff.proto
 
 .PHONY: help build run test test-unit test-multiprocess vet bench figures cluster cluster-stop proto proto-check proto-tools lint tidy-check vuln clean
 
@@ -62,7 +64,7 @@ proto: proto-tools ## Regenerate the committed Go code from proto/ (needs protoc
 	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
 		--go_out=proto --go_opt=paths=source_relative \
 		--go-grpc_out=proto --go-grpc_opt=paths=source_relative,require_unimplemented_servers=true \
-		$(PROTO_SRC)
+		$(PROTO_SRC) $(PROTO_PEER_SRC)
 	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
 		--go_out=proto --go_opt=paths=source_relative \
 		$(PROTO_RAFT_SRC)
@@ -73,7 +75,7 @@ proto-check: ## Fail if the committed generated code is stale.
 	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
 		--go_out=$$tmp --go_opt=paths=source_relative \
 		--go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative,require_unimplemented_servers=true \
-		$(PROTO_SRC) && \
+		$(PROTO_SRC) $(PROTO_PEER_SRC) && \
 	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I proto -I /usr/include \
 		--go_out=$$tmp --go_opt=paths=source_relative \
 		$(PROTO_RAFT_SRC) && \

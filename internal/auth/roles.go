@@ -6,6 +6,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	peerv1 "github.com/tokenserver/tokenserver/proto/tokenserver/peer/v1"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -136,6 +137,12 @@ var methods = map[string]methodRule{
 
 	pb.AdminService_EnvoyDomainHistory_FullMethodName: {role: RoleViewer},
 	pb.AdminService_ListRuleRates_FullMethodName:      {role: RoleViewer},
+
+	// Node to node: bucket handoff. Only a peer holds admin with a
+	// certificate; the service itself also refuses any caller without a
+	// peer certificate when TLS is on.
+	peerv1.HandoffService_Prepare_FullMethodName:  {role: RoleAdmin},
+	peerv1.HandoffService_Transfer_FullMethodName: {role: RoleAdmin},
 
 	healthpb.Health_Check_FullMethodName: {access: accessOpen},
 	healthpb.Health_Watch_FullMethodName: {access: accessOpen},

@@ -94,7 +94,7 @@ func toStatus(err error) *status.Status {
 			return d
 		}
 		return st
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, ErrUnavailable), errors.Is(err, shard.ErrMoved):
 		return status.New(codes.Unavailable, err.Error())
 	case errors.Is(err, ErrStreamCap):
 		return status.New(codes.ResourceExhausted, err.Error())

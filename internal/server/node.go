@@ -31,6 +31,8 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
+	"github.com/tokenserver/tokenserver/internal/handoff"
+	"github.com/tokenserver/tokenserver/internal/overadmit"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
@@ -82,9 +84,14 @@ type Node struct {
 	serving       atomic.Bool
 	draining      atomic.Bool
 	metrics       *metrics
-	envoy         *envoy // Envoy's rate limit service (envoy*.go)
-	views         viewCaster
-	done          chan struct{}
+	envoy         *envoy            // Envoy's rate limit service (envoy*.go)
+	handoff       *handoff.Receiver // handoff.go
+	// bound is tokenserver_overadmission_bound_permits: parts register
+	// with bound.Add (handoff.go).
+	bound overadmit.Bound
+	seen  viewSeen // the last view observeView handled (handoff.go)
+	views viewCaster
+	done  chan struct{}
 	// auth authorizes calls (nil when auth is off); peersOnly says that the
 	// forwarded marker counts only from peers (TLS or auth is on).
 	auth      *auth.Authenticator
@@ -139,6 +146,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		n.hooks = NewRaftHooks()
 	}
 	n.metrics = newMetrics(n)
+	deps.Services = append(deps.Services, n.newHandoff())
 	if n.now == nil {
 		start := time.Now()
 		// Unix nanoseconds as of start, advanced by the monotonic clock:
@@ -258,6 +266,8 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	go n.watchReadiness()
 	go n.watchAuth()
 	n.wg.Add(1)
+	go n.watchMoves() // handoff.go
+	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {
 		n.wg.Add(1)
@@ -314,9 +324,10 @@ func (n *Node) Stop() {
 		n.draining.Store(true)
 		n.updateHealth()
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		n.prepareHandoff(ctx)
 		if err := n.control.Drain(ctx); err != nil {
 			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
-		} else if n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
+		} else if n.handOver(ctx, "drain"); n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
 			// Keys moved: keep answering while clients hear of it. (The
 			// only owner keeps its keys: there is nothing to wait for.)
 			select {

@@ -258,7 +258,9 @@ func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.A
 			results[i].Status = st.Proto()
 			continue
 		}
-		resp.GrantId = g.String()
+		if !g.IsZero() {
+			resp.GrantId = g.String()
+		}
 		results[i].Response = resp
 	}
 	if remote != nil {

@@ -58,7 +58,8 @@ func (n *Node) lookupReady(ctx context.Context, t *rule.Table, name, key string)
 }
 
 // decide answers one acquire into resp, except its grant id, which the
-// caller encodes from the returned grant.
+// caller encodes from the returned grant; a decision another node made
+// (handoff.go) comes with its grant id in resp and a zero grant.
 func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (shard.Grant, error) {
 	c, err := n.lookupReady(ctx, t, req.GetRule(), req.GetKey())
 	if err != nil {
@@ -68,11 +69,20 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	if req.Permits != nil {
 		permits = *req.Permits
 	}
+	// A key whose state is in flight is decided by its old owner, or
+	// waits for the state within the caller's time (handoff.go).
+	if done, err := n.handoffDecide(ctx, c, epoch, req, resp); done || err != nil {
+		return shard.Grant{}, err
+	}
 	var d shard.Decision
 	if req.GetLease() {
 		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
 	} else {
 		d, err = n.buckets.Acquire(c, req.GetKey(), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
+	}
+	if errors.Is(err, shard.ErrMoved) {
+		// This node handed the bucket over: its new owner decides.
+		return shard.Grant{}, n.decideMoved(ctx, t, epoch, req, resp)
 	}
 	if err != nil {
 		return shard.Grant{}, err
@@ -125,7 +135,9 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 	if err != nil {
 		return nil, toError(err)
 	}
-	resp.GrantId = g.String()
+	if !g.IsZero() { // else another node decided, and set it
+		resp.GrantId = g.String()
+	}
 	return resp, nil
 }
 

@@ -171,6 +171,9 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 // bucket's state changes on a decision, so per-key bookkeeping belongs
 // here. e.mu is held.
 func (m *Map) decide(e *entry, c *rule.Compiled, cfg *bucket.Config, req bucket.Request, lease bool, now int64) (d Decision, err error) {
+	if e.moved {
+		return Decision{}, errMoved(e, c) // export.go
+	}
 	if now < e.penaltyUntil {
 		d.Result, d.Reason = e.b.Acquire(cfg, now, bucket.Request{}), ReasonPenalty
 		d.Allowed, d.RetryAfter = false, e.penaltyUntil-now

@@ -65,7 +65,8 @@ type Map struct {
 	evicted    atomic.Int64
 	capDenials atomic.Int64
 	// dropped is the highest grant nonce of a dropped bucket.
-	dropped atomic.Uint64
+	dropped  atomic.Uint64
+	imported issuers // other nodes' grant keys (export.go)
 }
 
 type shard struct {
@@ -105,6 +106,10 @@ type entry struct {
 	// refilled records grants already given back (windows and buckets;
 	// concurrency leases vanish on release instead).
 	refilled *refillLog
+	// moved: the bucket was handed over to the key's new owner
+	// (export.go); decisions on it fail with ErrMoved until it is
+	// installed back or thawed.
+	moved bool
 }
 
 // New returns an empty Map.

@@ -47,7 +47,7 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	cfg := c.ConfigFor(key)
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
-	if !m.keys.Open(&g, bk, c.Rule.Generation) {
+	if !m.open(&g, bk, c.Rule.Generation) {
 		return 0, m.peek(c, bk, cfg, now), nil // not a grant of this node, rule generation and key
 	}
 	if permits < 0 || permits > g.Permits {
@@ -189,7 +189,7 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
-	if !m.keys.Open(&g, bk, c.Rule.Generation) {
+	if !m.open(&g, bk, c.Rule.Generation) {
 		return false, nil
 	}
 	sh, h := m.shardOf(bk)
