@@ -39,6 +39,7 @@ type putFlags struct {
 	deny            []string
 	allow           []string
 	shadow          bool
+	durable         bool
 	fallback        string
 	fallbackLimit   int64
 	leaseMax        int64
@@ -91,6 +92,7 @@ leases held at once and --period their lifetime. --burst defaults to the limit.`
 	fl.StringArrayVar(&f.deny, "deny", nil, "a key that is always denied (repeatable)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "a key that is always allowed (repeatable)")
 	fl.BoolVar(&f.shadow, "shadow", false, "decide and count, but always allow")
+	fl.BoolVar(&f.durable, "durable", false, "replicate buckets to the next owner and checkpoint them (periods of 1h or more)")
 	fl.StringVar(&f.fallback, "fallback", "", "what clients do when the server is unreachable: local, allow or deny")
 	fl.Int64Var(&f.fallbackLimit, "fallback-limit", 0, "with --fallback local: permits per period each client instance admits on its own")
 	fl.Int64Var(&f.leaseMax, "lease-max", 0, "most tokens one client lease may take (0: no leasing)")
@@ -120,6 +122,7 @@ func (f *putFlags) rule(cmd *cobra.Command, name string) (*pb.Rule, error) {
 		Deny:        f.deny,
 		Allow:       f.allow,
 		Shadow:      f.shadow,
+		Durable:     f.durable,
 	}
 	if cmd.Flags().Changed("warmup") {
 		r.Warmup = durationpb.New(f.warmup)

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenserver/tokenserver/internal/tlsutil"
+	peerv1 "github.com/tokenserver/tokenserver/proto/tokenserver/peer/v1"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -78,7 +79,7 @@ func withCert(ctx context.Context, p *Principal) context.Context {
 // new RPC must be placed deliberately), and the table says what the issue
 // says.
 func TestMethodTable(t *testing.T) {
-	for _, sd := range []grpc.ServiceDesc{pb.TokenService_ServiceDesc, pb.AdminService_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{pb.TokenService_ServiceDesc, pb.AdminService_ServiceDesc, peerv1.ReplicaService_ServiceDesc} {
 		var names []string
 		for _, m := range sd.Methods {
 			names = append(names, m.MethodName)

@@ -6,6 +6,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	peerv1 "github.com/tokenserver/tokenserver/proto/tokenserver/peer/v1"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -133,6 +134,10 @@ var methods = map[string]methodRule{
 	pb.AdminService_RollbackRule_FullMethodName:      {role: RoleEditor, write: true},
 	pb.AdminService_PutEnvoyDomain_FullMethodName:    {role: RoleEditor, write: true},
 	pb.AdminService_DeleteEnvoyDomain_FullMethodName: {role: RoleEditor, write: true},
+
+	// Node to node: peers hold every role, and the handler also refuses
+	// a caller without a peer certificate.
+	peerv1.ReplicaService_Replicate_FullMethodName: {role: RoleAdmin},
 
 	healthpb.Health_Check_FullMethodName: {access: accessOpen},
 	healthpb.Health_Watch_FullMethodName: {access: accessOpen},

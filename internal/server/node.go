@@ -32,6 +32,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/auth"
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/handoff"
+	"github.com/tokenserver/tokenserver/internal/replica"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
@@ -83,8 +84,9 @@ type Node struct {
 	serving       atomic.Bool
 	draining      atomic.Bool
 	metrics       *metrics
-	envoy         *envoy            // Envoy's rate limit service (envoy*.go)
-	handoff       *handoff.Receiver // handoff.go
+	envoy         *envoy              // Envoy's rate limit service (envoy*.go)
+	handoff       *handoff.Receiver   // handoff.go
+	replica       *replica.Replicator // replica.go
 	views         viewCaster
 	done          chan struct{}
 	// auth authorizes calls (nil when auth is off); peersOnly says that the
@@ -141,7 +143,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		n.hooks = NewRaftHooks()
 	}
 	n.metrics = newMetrics(n)
-	deps.Services = append(deps.Services, n.newHandoff())
+	deps.Services = append(deps.Services, n.newHandoff(), n.newReplica())
 	if n.now == nil {
 		start := time.Now()
 		// Unix nanoseconds as of start, advanced by the monotonic clock:
@@ -255,12 +257,14 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 		n.log.Warn("--insecure: serving without the protection of TLS or authentication on addresses other hosts reach; anyone who reaches them can rewrite the rules and the cluster", "node", n.data.ID())
 	}
 	n.warnExpiring(time.Now())
-	n.wg.Add(4)
+	n.wg.Add(5) // watchMoves included
 	go n.expireOverrides()
 	go n.sweep()
 	go n.watchReadiness()
 	go n.watchAuth()
 	go n.watchMoves()
+	n.wg.Add(1)
+	go n.replicate()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {

@@ -70,6 +70,7 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	}
 	var d shard.Decision
 	n.handoff.Await(context.Background(), req.GetRule(), req.GetKey()) // bounded: its state may be in flight (handoff.go)
+	n.installReplica(c, req.GetKey())                                  // durable rules: continue from a copy (replica.go)
 	if req.GetLease() {
 		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
 	} else {
@@ -79,6 +80,7 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 		return shard.Grant{}, err
 	}
 	n.recordDecision(c, req.GetKey(), permits, &d)
+	n.replica.Touch(c, req.GetKey(), d.Granted) // durable rules only (replica.go)
 	resp.Allowed = d.Allowed
 	resp.Granted = d.Granted
 	resp.Remaining = d.Remaining
