@@ -133,14 +133,34 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// RestoreOnce is Restore the first time it is called and a no-op after
+// (did is false then). Concurrent callers wait for the first.
+func (r *Replicator) RestoreOnce(dir string, now int64, wall time.Time) (kept int64, did bool, err error) {
+	r.restoreMu.Lock()
+	defer r.restoreMu.Unlock()
+	if r.restored.Load() {
+		return 0, false, nil
+	}
+	defer r.restored.Store(true)
+	kept, err = r.Restore(dir, now, wall)
+	return kept, true, err
+}
+
+// Restored reports whether RestoreOnce has run: until then a checkpoint
+// would overwrite the one not yet read back.
+func (r *Replicator) Restored() bool { return r.restored.Load() }
+
 // Restore reads dir/CheckpointFile back into the Store as copies, as of
 // this node's clock now and the wall clock wall. A bucket whose rule is
 // gone, of another generation, not durable, or older than its rule's
 // window (the checkpoint is stale for it) is skipped: the copies are only
 // installed when this node decides for their keys, as an owner or in an
-// owner's stead, like any replica. No file is not an error. It returns
+// owner's stead, like any replica. No file, or no dir, is not an error. It returns
 // the copies kept.
 func (r *Replicator) Restore(dir string, now int64, wall time.Time) (int64, error) {
+	if dir == "" {
+		return 0, nil // checkpoints are off
+	}
 	f, err := os.Open(filepath.Join(dir, CheckpointFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -59,6 +60,9 @@ type Replicator struct {
 	// changed is set when buckets were sent or copies received since the
 	// last checkpoint.
 	changed atomic.Bool
+	// restored is set once RestoreOnce ran.
+	restored  atomic.Bool
+	restoreMu sync.Mutex
 }
 
 var _ peerv1.ReplicaServiceServer = (*Replicator)(nil)

@@ -78,6 +78,12 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 // installReplica installs the copy this node keeps of key's bucket of c,
 // if any, before it decides for the key.
 func (n *Node) installReplica(c *rule.Compiled, key string) {
+	if c == nil || !c.Rule.Durable {
+		return
+	}
+	if !n.replica.Restored() && n.data.Ready() {
+		n.restoreCheckpoint() // the first durable decision after a start
+	}
 	if err := n.replica.Install(c, key); err != nil {
 		n.log.Warn("replica: copy not installed; the key continues from this node's own bucket", "rule", c.Rule.Name, "err", err)
 	}
@@ -98,35 +104,45 @@ func (n *Node) replicate() {
 	dir, every := n.cfg.CheckpointDir, cmp.Or(n.cfg.CheckpointInterval, DefaultCheckpointInterval)
 	ck := time.NewTicker(every)
 	defer ck.Stop()
-	restored := dir == ""
+	poll := time.NewTicker(50 * time.Millisecond) // until the checkpoint is read back
+	defer poll.Stop()
 	for {
 		select {
 		case <-n.done:
-			if dir != "" && restored {
+			if dir != "" && n.replica.Restored() {
 				n.checkpoint(dir)
 			}
 			return
-		case <-tick.C:
-			if !restored && n.data.Ready() {
-				restored = true
-				start := time.Now()
-				kept, err := n.replica.Restore(dir, n.now(), time.Now())
-				if err != nil {
-					n.log.Warn("replica: checkpoint not restored; durable keys start from their replicas or fresh", "err", err)
-				} else if kept > 0 {
-					n.log.Info("replica: checkpoint restored", "buckets", kept, "took", time.Since(start))
-				}
+		case <-poll.C:
+			if n.replica.Restored() {
+				poll.Stop()
+			} else if n.data.Ready() {
+				n.restoreCheckpoint()
 			}
+		case <-tick.C:
 			tctx, tcancel := context.WithTimeout(ctx, max(interval, time.Second))
 			if err := n.replica.Tick(tctx, n.dialPeer); err != nil && ctx.Err() == nil {
 				n.log.Warn("replica: durable buckets not replicated; sent again next time", "err", err)
 			}
 			tcancel()
 		case <-ck.C:
-			if dir != "" && restored && n.replica.Changed() {
+			if dir != "" && n.replica.Restored() && n.replica.Changed() {
 				n.checkpoint(dir)
 			}
 		}
+	}
+}
+
+// restoreCheckpoint reads the checkpoint back, once: call it once the
+// node is ready (the rules it names are replayed).
+func (n *Node) restoreCheckpoint() {
+	start := time.Now()
+	kept, did, err := n.replica.RestoreOnce(n.cfg.CheckpointDir, n.now(), time.Now())
+	switch {
+	case err != nil:
+		n.log.Warn("replica: checkpoint not restored; durable keys continue from replicas or start fresh", "err", err)
+	case did && kept > 0:
+		n.log.Info("replica: checkpoint restored", "buckets", kept, "took", time.Since(start))
 	}
 }
 
