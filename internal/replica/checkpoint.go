@@ -36,6 +36,7 @@ func (r *Replicator) Changed() bool { return r.changed.Load() }
 // and bytes written.
 func (r *Replicator) Checkpoint(dir string, wall time.Time) (buckets, bytes int64, err error) {
 	r.changed.Store(false)
+	start := time.Now()
 	tmp, err := os.CreateTemp(dir, CheckpointFile+".tmp-*")
 	if err != nil {
 		return 0, 0, fmt.Errorf("checkpoint: %w", err)
@@ -119,6 +120,9 @@ func (r *Replicator) Checkpoint(dir string, wall time.Time) (buckets, bytes int6
 	if err = os.Rename(tmp.Name(), filepath.Join(dir, CheckpointFile)); err != nil {
 		return 0, 0, fmt.Errorf("checkpoint rename: %w", err)
 	}
+	r.CheckpointBuckets.Store(buckets)
+	r.CheckpointBytes.Store(w.n)
+	r.CheckpointNanos.Store(int64(time.Since(start)))
 	return buckets, w.n, nil
 }
 
@@ -151,11 +155,13 @@ func (r *Replicator) RestoreOnce(dir string, now int64, wall time.Time) (kept in
 func (r *Replicator) Restored() bool { return r.restored.Load() }
 
 // Restore reads dir/CheckpointFile back into the Store as copies, as of
-// this node's clock now and the wall clock wall. A bucket whose rule is
-// gone, of another generation, not durable, or older than its rule's
-// window (the checkpoint is stale for it) is skipped: the copies are only
-// installed when this node decides for their keys, as an owner or in an
-// owner's stead, like any replica. No file, or no dir, is not an error. It returns
+// this node's clock now and the wall clock wall. It needs no rule table,
+// so it runs before the node decides anything: like any replica, a copy
+// is only installed when this node decides for its key, as its owner or
+// in its owner's stead, and then only when its rule is still durable, of
+// the same generation, and the copy is younger than the rule's window
+// (Install; Prune drops the others). No file, or no dir, is not an
+// error. It returns
 // the copies kept.
 func (r *Replicator) Restore(dir string, now int64, wall time.Time) (int64, error) {
 	if dir == "" {
@@ -180,7 +186,6 @@ func (r *Replicator) Restore(dir string, now int64, wall time.Time) (int64, erro
 	}
 	age := max(0, wall.UnixNano()-hdr.GetWallUnixNs())
 	base := now - age // the header's now_ns on this node's clock
-	t := r.l.Table()
 	var kept int64
 	for {
 		var b peerv1.ReplicaBatch
@@ -190,18 +195,6 @@ func (r *Replicator) Restore(dir string, now int64, wall time.Time) (int64, erro
 			return kept, fmt.Errorf("restore checkpoint: %w", err)
 		}
 		at := base + (b.GetSenderNowNs() - hdr.GetNowNs())
-		var fresh []*peerv1.BucketState
-		for _, s := range b.GetBuckets() {
-			c := t.Get(s.GetRule())
-			if c == nil || !c.Rule.Durable || c.Rule.Generation != s.GetGeneration() {
-				continue
-			}
-			if now-at >= c.ConfigFor(s.GetKey()).Span() {
-				continue // stale: its window has passed
-			}
-			fresh = append(fresh, s)
-		}
-		b.Buckets = fresh
 		n, err := r.storeBatch(&b, at)
 		if err != nil {
 			return kept, fmt.Errorf("restore checkpoint: %w", err)

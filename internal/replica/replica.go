@@ -57,6 +57,9 @@ type Replicator struct {
 	// streams that failed; Received what Replicate stored; Installed
 	// the copies installed before a decision.
 	SentBuckets, SentBytes, Failures, Received, Installed atomic.Int64
+	// CheckpointBuckets, CheckpointBytes and CheckpointNanos describe the
+	// last checkpoint written.
+	CheckpointBuckets, CheckpointBytes, CheckpointNanos atomic.Int64
 	// changed is set when buckets were sent or copies received since the
 	// last checkpoint.
 	changed atomic.Bool
@@ -91,7 +94,7 @@ func (r *Replicator) Install(c *rule.Compiled, key string) error {
 		return nil
 	}
 	cp, ok := r.Store.Take(c.Rule.Name, key)
-	if !ok {
+	if !ok || r.stale(c, cp, r.l.Now()) {
 		return nil
 	}
 	ok, err := r.l.Buckets.Import(r.l.Table(), cp.State, cp.At)
@@ -103,6 +106,31 @@ func (r *Replicator) Install(c *rule.Compiled, key string) error {
 		r.Tracker.Touch(c.Rule.Name, key, 0) // on to this node's own next owner
 	}
 	return nil
+}
+
+// stale reports whether cp is of no use for rule c at now: another
+// generation, or older than the key's window (a checkpoint read back
+// after a long stop).
+func (r *Replicator) stale(c *rule.Compiled, cp Copy, now int64) bool {
+	return c.Rule.Generation != cp.State.Generation || now-cp.At >= c.ConfigFor(cp.State.Key).Span()
+}
+
+// Prune drops the copies whose rule is gone, no longer durable, of
+// another generation, or that are older than their window. Call it only
+// with a complete rule table (a ready node). It returns the copies
+// dropped.
+func (r *Replicator) Prune() int64 {
+	t, now := r.l.Table(), r.l.Now()
+	var n int64
+	r.Store.Range(func(cp Copy) bool {
+		c := t.Get(cp.State.Rule)
+		if c == nil || !c.Rule.Durable || r.stale(c, cp, now) {
+			n++
+			return false
+		}
+		return true
+	})
+	return n
 }
 
 // successor is the member that keeps the copy of key's buckets: the

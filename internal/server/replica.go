@@ -40,6 +40,12 @@ func (n *Node) newReplica() func(grpc.ServiceRegistrar) {
 			func() float64 { return float64(r.Installed.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_replication_copies", Help: "Copies of other nodes' durable buckets (and of checkpointed ones) this node keeps."},
 			func() float64 { return float64(r.Store.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_checkpoint_buckets", Help: "Durable buckets and copies in the last checkpoint written to the data dir."},
+			func() float64 { return float64(r.CheckpointBuckets.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_checkpoint_bytes", Help: "Size of the last checkpoint written to the data dir."},
+			func() float64 { return float64(r.CheckpointBytes.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_checkpoint_duration_seconds", Help: "How long the last checkpoint took to write, fsync included."},
+			func() float64 { return time.Duration(r.CheckpointNanos.Load()).Seconds() }),
 		&lagCollector{n: n},
 	)
 	return func(s grpc.ServiceRegistrar) { peerv1.RegisterReplicaServiceServer(s, r) }
@@ -81,18 +87,22 @@ func (n *Node) installReplica(c *rule.Compiled, key string) {
 	if c == nil || !c.Rule.Durable {
 		return
 	}
-	if !n.replica.Restored() && n.data.Ready() {
-		n.restoreCheckpoint() // the first durable decision after a start
+	if !n.replica.Restored() {
+		n.restoreCheckpoint() // the first durable decision after a start waits for it
 	}
 	if err := n.replica.Install(c, key); err != nil {
 		n.log.Warn("replica: copy not installed; the key continues from this node's own bucket", "rule", c.Rule.Name, "err", err)
 	}
 }
 
+// pruneEvery is how many replication ticks pass between two prunes of
+// useless copies (Replicator.Prune).
+const pruneEvery = 60
+
 // replicate sends dirty durable buckets every ReplicationInterval and
 // checkpoints every CheckpointInterval, until the node stops; then it
-// writes a last checkpoint. A start reads the checkpoint back once the
-// node is ready (the rules it names have been replayed).
+// writes a last checkpoint. It first reads the checkpoint back (a
+// decision on a durable rule that comes earlier waits for that).
 func (n *Node) replicate() {
 	defer n.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -104,37 +114,33 @@ func (n *Node) replicate() {
 	dir, every := n.cfg.CheckpointDir, cmp.Or(n.cfg.CheckpointInterval, DefaultCheckpointInterval)
 	ck := time.NewTicker(every)
 	defer ck.Stop()
-	poll := time.NewTicker(50 * time.Millisecond) // until the checkpoint is read back
-	defer poll.Stop()
+	n.restoreCheckpoint()
+	ticks := 0
 	for {
 		select {
 		case <-n.done:
-			if dir != "" && n.replica.Restored() {
+			if dir != "" {
 				n.checkpoint(dir)
 			}
 			return
-		case <-poll.C:
-			if n.replica.Restored() {
-				poll.Stop()
-			} else if n.data.Ready() {
-				n.restoreCheckpoint()
-			}
 		case <-tick.C:
+			if ticks++; ticks%pruneEvery == 0 && n.data.Ready() {
+				n.replica.Prune()
+			}
 			tctx, tcancel := context.WithTimeout(ctx, max(interval, time.Second))
 			if err := n.replica.Tick(tctx, n.dialPeer); err != nil && ctx.Err() == nil {
 				n.log.Warn("replica: durable buckets not replicated; sent again next time", "err", err)
 			}
 			tcancel()
 		case <-ck.C:
-			if dir != "" && n.replica.Restored() && n.replica.Changed() {
+			if dir != "" && n.replica.Changed() {
 				n.checkpoint(dir)
 			}
 		}
 	}
 }
 
-// restoreCheckpoint reads the checkpoint back, once: call it once the
-// node is ready (the rules it names are replayed).
+// restoreCheckpoint reads the checkpoint back, once.
 func (n *Node) restoreCheckpoint() {
 	start := time.Now()
 	kept, did, err := n.replica.RestoreOnce(n.cfg.CheckpointDir, n.now(), time.Now())
