@@ -133,6 +133,32 @@ func (r *Replicator) Prune() int64 {
 	return n
 }
 
+// Resync marks for replication every durable bucket of this node whose
+// next owner is another member in view cur than in view old: the new
+// next owner has no copy yet, and a bucket that does not change would
+// otherwise never reach it. It returns the buckets marked.
+func (r *Replicator) Resync(old, cur *cluster.View) (int, error) {
+	t := r.l.Table()
+	n := 0
+	err := r.l.Buckets.Export(r.l.Now(), func(name, key string) bool {
+		c := t.Get(name)
+		if c == nil || !c.Rule.Durable {
+			return false
+		}
+		now, ok := r.successor(cur, key)
+		was, had := r.successor(old, key)
+		return ok && (!had || was.ID != now.ID)
+	}, func(s shard.BucketState) error {
+		r.Tracker.Touch(s.Rule, s.Key, 0)
+		n++
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("resync: %w", err)
+	}
+	return n, nil
+}
+
 // successor is the member that keeps the copy of key's buckets: the
 // key's next owner in rendezvous order after this node.
 func (r *Replicator) successor(v *cluster.View, key string) (cluster.Member, bool) {

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -305,4 +306,41 @@ func cut(rk string) (string, string, bool) {
 		}
 	}
 	return rk, "", false
+}
+
+func TestResyncSendsToANewNextOwner(t *testing.T) {
+	tbl := table(
+		&rule.Rule{Name: "quota", Algorithm: bucket.TokenBucket, Limit: 100, Period: time.Hour, Durable: true},
+		&rule.Rule{Name: "plain", Algorithm: bucket.TokenBucket, Limit: 100, Period: time.Hour},
+	)
+	two := cluster.NewView(1, []cluster.Member{{ID: "a"}, {ID: "b"}})
+	three := cluster.NewView(2, []cluster.Member{{ID: "a"}, {ID: "b"}, {ID: "c"}})
+	a := newNode("a", tbl, three, 1e15, true)
+	// Keys of a whose next owner is c once c joins, and one whose next
+	// owner stays b.
+	var toC, toB string
+	for i := 0; toC == "" || toB == ""; i++ {
+		k := fmt.Sprint("k", i)
+		if o, _ := three.Owner(k); o.ID != "a" {
+			continue
+		}
+		if s, _ := a.r.successor(three, k); s.ID == "c" && toC == "" {
+			toC = k
+		} else if s.ID == "b" && toB == "" {
+			toB = k
+		}
+	}
+	for _, k := range []string{toC, toB} {
+		acquire(t, a, tbl.Get("quota"), k, 1)
+		acquire(t, a, tbl.Get("plain"), k, 1)
+	}
+	a.r.Tracker.Ack(a.r.Tracker.Take()) // replicated while the view had two members
+	n, err := a.r.Resync(two, three)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := a.r.Tracker.Take()
+	if n != 1 || len(tk.Refs) != 1 || tk.Refs[0] != (Ref{"quota", toC}) {
+		t.Errorf("resync marked %d: %v, want only quota/%s", n, tk.Refs, toC)
+	}
 }

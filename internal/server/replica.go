@@ -116,8 +116,15 @@ func (n *Node) replicate() {
 	defer ck.Stop()
 	n.restoreCheckpoint()
 	ticks := 0
+	view, viewCh := n.data.View(), n.data.ViewChanged()
 	for {
 		select {
+		case <-viewCh:
+			cur := n.data.View()
+			if _, err := n.replica.Resync(view, cur); err != nil {
+				n.log.Warn("replica: durable buckets not sent to their new next owners until they change", "err", err)
+			}
+			view, viewCh = cur, n.data.ViewChanged()
 		case <-n.done:
 			if dir != "" {
 				n.checkpoint(dir)
