@@ -235,7 +235,9 @@ func (s *tokenService) RefillToken(ctx context.Context, req *pb.RefillTokenReque
 	if req.Permits != nil {
 		permits = *req.Permits
 	}
+	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
 	refilled, remaining, err := s.n.buckets.Refill(c, req.GetKey(), req.GetGrantId(), permits, s.n.now())
+	s.n.replica.Touch(c, req.GetKey(), 0)
 	if err != nil {
 		return nil, toError(err)
 	}
@@ -256,7 +258,9 @@ func (s *tokenService) RenewLease(ctx context.Context, req *pb.RenewLeaseRequest
 			return c.RenewLease(ctx, req)
 		})
 	}
+	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
 	ok, err := s.n.buckets.Renew(c, req.GetKey(), req.GetGrantId(), s.n.now())
+	s.n.replica.Touch(c, req.GetKey(), 0)
 	if err != nil {
 		return nil, toError(err)
 	}
