@@ -46,13 +46,14 @@ func BenchmarkReplicateEncodeApply(b *testing.B) {
 	recv := newNode("b", nil, nil, 7e12, true)
 	b.ReportAllocs()
 	b.ResetTimer()
-	var wire int64
+	var wire, cpu int64
 	for range b.N {
 		b.StopTimer()
 		for _, k := range keys {
 			a.r.Touch(c, k, 1)
 		}
 		b.StartTimer()
+		start := cpuNanos()
 		tk := a.r.Tracker.Take()
 		batch := &peerv1.ReplicaBatch{From: "a", SenderNowNs: a.now}
 		flush := func() {
@@ -82,7 +83,9 @@ func BenchmarkReplicateEncodeApply(b *testing.B) {
 		}
 		flush()
 		a.r.Tracker.Ack(tk)
+		cpu += cpuNanos() - start
 	}
+	b.ReportMetric(float64(cpu)/float64(b.N*benchKeys), "cpu-ns/key")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchKeys), "ns/key")
 	b.ReportMetric(float64(wire)/float64(b.N*benchKeys), "B/key")
 }
@@ -94,6 +97,8 @@ func BenchmarkCheckpoint(b *testing.B) {
 	dir := b.TempDir()
 	b.Run("write", func(b *testing.B) {
 		var bytes int64
+		start := cpuNanos()
+		defer func() { b.ReportMetric(float64(cpuNanos()-start)/float64(b.N)/1e9, "cpu-s/op") }()
 		for range b.N {
 			n, sz, err := a.r.Checkpoint(dir, time.Now())
 			if err != nil || n != benchKeys {
@@ -104,6 +109,8 @@ func BenchmarkCheckpoint(b *testing.B) {
 		b.ReportMetric(float64(bytes), "bytes")
 	})
 	b.Run("restore", func(b *testing.B) {
+		start := cpuNanos()
+		defer func() { b.ReportMetric(float64(cpuNanos()-start)/float64(b.N)/1e9, "cpu-s/op") }()
 		for range b.N {
 			c := newNode("a", nil, nil, 9e14, true)
 			if n, err := c.r.Restore(dir, c.now, time.Now()); err != nil || n != benchKeys {
@@ -139,6 +146,8 @@ func BenchmarkDecide(b *testing.B) {
 			c := tbl.Get(tc.rule)
 			b.ReportAllocs()
 			b.ResetTimer()
+			start := cpuNanos()
+			defer func() { b.ReportMetric(float64(cpuNanos()-start)/float64(b.N), "cpu-ns/op") }()
 			b.RunParallel(func(pb *testing.PB) {
 				i := 0
 				for pb.Next() {

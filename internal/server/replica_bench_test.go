@@ -25,11 +25,13 @@ func BenchmarkDurableAcquire(b *testing.B) {
 				keys[i] = fmt.Sprint("user-", i)
 			}
 			i := 0
+			start := cpuNanos()
 			runParallel(b, func(ctx context.Context) error {
 				i++
 				_, err := tn.token.AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "bench", Key: keys[i%len(keys)]})
 				return err
 			})
+			reportCPU(b, start)
 		})
 	}
 }
