@@ -11,7 +11,7 @@ import (
 // MaxCopies bounds the copies a Store holds; past it new keys' copies
 // are dropped (those keys would start fresh after a crash of their
 // owner, as without durability).
-const MaxCopies = 4_000_000
+const MaxCopies = 2_000_000
 
 // Copy is one bucket as another node (or a checkpoint) last sent it.
 type Copy struct {
