@@ -8,8 +8,8 @@ TOOL := $(GO) tool -modfile=tools/go.mod
 PROTO_SRC := proto/tokenserver/v1/tokenserver.proto
 # The Raft log and snapshot formats (messages only, no services).
 PROTO_RAFT_SRC := proto/tokenserver/raft/v1/entries.proto
-# Node-to-node services (bucket handoff).
-PROTO_PEER_SRC := proto/tokenserver/peer/v1/handoff.proto
+# Node-to-node services (bucket handoff, durable replicas).
+PROTO_PEER_SRC := proto/tokenserver/peer/v1/handoff.proto proto/tokenserver/peer/v1/replica.proto
 
 .PHONY: help build run test test-unit test-multiprocess vet bench figures cluster cluster-stop proto proto-check proto-tools lint tidy-check vuln clean
 

@@ -39,6 +39,7 @@ type putFlags struct {
 	deny            []string
 	allow           []string
 	shadow          bool
+	durable         bool
 	fallback        string
 	fallbackLimit   int64
 	leaseMax        int64
@@ -49,7 +50,6 @@ type putFlags struct {
 	calendar        string
 	timeZone        string
 	reservationTTL  time.Duration
-	durable         bool
 }
 
 func newRulePutCmd(a *app) *cobra.Command {
@@ -105,6 +105,7 @@ may be committed (default: the rule's window).`,
 	fl.StringArrayVar(&f.deny, "deny", nil, "a key that is always denied (repeatable)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "a key that is always allowed (repeatable)")
 	fl.BoolVar(&f.shadow, "shadow", false, "decide and count, but always allow")
+	fl.BoolVar(&f.durable, "durable", false, "replicate buckets to the next owner and checkpoint them (periods of 1h or more)")
 	fl.StringVar(&f.fallback, "fallback", "", "what clients do when the server is unreachable: local, allow or deny")
 	fl.Int64Var(&f.fallbackLimit, "fallback-limit", 0, "with --fallback local: permits per period each client instance admits on its own")
 	fl.Int64Var(&f.leaseMax, "lease-max", 0, "most tokens one client lease may take (0: no leasing)")
@@ -115,7 +116,6 @@ may be committed (default: the rule's window).`,
 	fl.StringVar(&f.calendar, "calendar", "", "fixed-window only: windows of local calendar days, ISO weeks or months: day, week or month (--period then not needed)")
 	fl.StringVar(&f.timeZone, "time-zone", "", "with --calendar: the IANA time zone of the windows (default UTC)")
 	fl.DurationVar(&f.reservationTTL, "reservation-ttl", 0, "how long a reservation may be committed before it is settled at its estimate (default: the rule's window)")
-	fl.BoolVar(&f.durable, "durable", false, "replicate the rule's buckets to each key's next owner and checkpoint them")
 	return cmd
 }
 
@@ -144,6 +144,7 @@ func (f *putFlags) rule(cmd *cobra.Command, name string) (*pb.Rule, error) {
 		Deny:        f.deny,
 		Allow:       f.allow,
 		Shadow:      f.shadow,
+		Durable:     f.durable,
 	}
 	if cmd.Flags().Changed("warmup") {
 		r.Warmup = durationpb.New(f.warmup)

@@ -164,6 +164,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.MaxViewStreamsPerPrincipal, "max-view-streams-per-principal", server.DefaultMaxViewStreamsPerPrincipal, "most WatchClusterView streams of one caller (its principal, or its IP address without authentication)")
 	fs.DurationVar(&o.cfg.ForwardTimeout, "forward-timeout", server.DefaultForwardTimeout, "most time the first attempt of a call forwarded to a key's owner gets (and at most half the caller's time left) before the key's next owner decides")
 	fs.StringVar(&o.cfg.MetricsAuth, "metrics-auth", "open", "who may read /metrics (rule names and traffic): open, or token (a bearer token of --auth-tokens with the viewer role)")
+	fs.DurationVar(&o.cfg.ReplicationInterval, "replication-interval", o.cfg.ReplicationInterval, "longest a changed bucket of a durable rule waits before it is sent to its key's next owner (what a crash of its owner can admit again)")
+	fs.DurationVar(&o.cfg.CheckpointInterval, "checkpoint-interval", o.cfg.CheckpointInterval, "how often durable buckets are checkpointed to --data-dir when any changed (one fsync each)")
 	fs.DurationVar(&o.cfg.DrainLinger, "drain-linger", o.cfg.DrainLinger, "on SIGTERM, how long the node keeps answering after it left the routing view, while clients re-route")
 	fs.IntVar(&o.gcPercent, "gc-percent", 400, "Go GC target percentage (GOGC), unless the GOGC variable is set; a high value trades memory for throughput (about 15% more AcquireToken calls/s than 100); cap memory with GOMEMLIMIT")
 	fs.StringVar(&o.tracing.endpoint, "otlp-endpoint", "", "host:port of an OpenTelemetry collector's OTLP gRPC receiver: send spans of acquires and rule writes there (empty: tracing off)")
@@ -225,6 +227,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
 	}
+	o.cfg.CheckpointDir = o.raft.DataDir // durable buckets are checkpointed beside Raft's state
 	var err error
 	if o.raft.Peers, err = parsePeers(o.peers); err != nil {
 		return nil, err

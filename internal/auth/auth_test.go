@@ -79,7 +79,7 @@ func withCert(ctx context.Context, p *Principal) context.Context {
 // new RPC must be placed deliberately), and the table says what the issue
 // says.
 func TestMethodTable(t *testing.T) {
-	for _, sd := range []grpc.ServiceDesc{pb.TokenService_ServiceDesc, pb.AdminService_ServiceDesc, peerv1.HandoffService_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{pb.TokenService_ServiceDesc, pb.AdminService_ServiceDesc, peerv1.HandoffService_ServiceDesc, peerv1.ReplicaService_ServiceDesc} {
 		var names []string
 		for _, m := range sd.Methods {
 			names = append(names, m.MethodName)

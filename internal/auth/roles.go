@@ -144,6 +144,10 @@ var methods = map[string]methodRule{
 	peerv1.HandoffService_Prepare_FullMethodName:  {role: RoleAdmin},
 	peerv1.HandoffService_Transfer_FullMethodName: {role: RoleAdmin},
 
+	// Node to node: peers hold every role, and the handler also refuses
+	// a caller without a peer certificate.
+	peerv1.ReplicaService_Replicate_FullMethodName: {role: RoleAdmin},
+
 	healthpb.Health_Check_FullMethodName: {access: accessOpen},
 	healthpb.Health_Watch_FullMethodName: {access: accessOpen},
 	healthpb.Health_List_FullMethodName:  {access: accessOpen},

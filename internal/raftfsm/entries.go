@@ -257,7 +257,7 @@ func ruleToPB(r *rule.Rule) *raftv1.Rule {
 		Version: r.Version, Generation: r.Generation, UpdatedBy: r.UpdatedBy,
 		Calendar: uint32(r.Calendar), TimeZone: r.TimeZone,
 		InlineMaxLimit: r.Inline.MaxLimit, InlineMaxPeriodNs: int64(r.Inline.MaxPeriod),
-		ReservationTtlNs: int64(r.ReservationTTL),
+		ReservationTtlNs: int64(r.ReservationTTL), Durable: r.Durable,
 	}
 	if len(r.Overrides) > 0 {
 		m.Overrides = make([]*raftv1.Override, len(r.Overrides))
@@ -280,7 +280,7 @@ func ruleFromPB(m *raftv1.Rule) *rule.Rule {
 		Version:  m.Version, Generation: m.Generation, UpdatedBy: m.UpdatedBy,
 		Calendar: bucket.Calendar(clamp8(m.Calendar)), TimeZone: m.TimeZone,
 		Inline:         rule.InlinePolicy{MaxLimit: m.InlineMaxLimit, MaxPeriod: time.Duration(m.InlineMaxPeriodNs)},
-		ReservationTTL: time.Duration(m.ReservationTtlNs),
+		ReservationTTL: time.Duration(m.ReservationTtlNs), Durable: m.Durable,
 	}
 	if len(m.Overrides) > 0 {
 		r.Overrides = make([]rule.Override, len(m.Overrides))

@@ -114,6 +114,11 @@ type Rule struct {
 	// after it the grant stays charged at its estimate. 0 means the
 	// rule's window (Period, or a calendar window's Span).
 	ReservationTTL time.Duration `json:"reservation_ttl,omitempty"`
+	// Durable replicates the rule's buckets to each key's next owner and
+	// checkpoints them to the data dir, so that counts survive a crash of
+	// the owner and a full restart (internal/replica). Meant for periods
+	// of an hour or more and calendar quotas.
+	Durable bool `json:"durable,omitempty"`
 	// Version is the version of the rule's last change (set by the Store).
 	Version uint64 `json:"version,omitempty"`
 	// Generation is the version at which the rule was created (set by the

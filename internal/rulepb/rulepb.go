@@ -29,6 +29,7 @@ func FromProto(p *pb.Rule) *rule.Rule {
 		Deny:        append([]string(nil), p.GetDeny()...),
 		Allow:       append([]string(nil), p.GetAllow()...),
 		Shadow:      p.GetShadow(),
+		Durable:     p.GetDurable(),
 		Fallback: rule.Fallback{
 			Policy: rule.FallbackPolicy(p.GetFallback().GetPolicy()),
 			Limit:  p.GetFallback().GetLimit(),
@@ -93,6 +94,7 @@ func ToProto(r *rule.Rule) *pb.Rule {
 		Deny:        append([]string(nil), r.Deny...),
 		Allow:       append([]string(nil), r.Allow...),
 		Shadow:      r.Shadow,
+		Durable:     r.Durable,
 		Version:     r.Version,
 		Generation:  r.Generation,
 		UpdatedBy:   r.UpdatedBy,

@@ -54,7 +54,9 @@ func (s *tokenService) CommitToken(ctx context.Context, req *pb.CommitTokenReque
 			return c.CommitToken(ctx, req)
 		})
 	}
+	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
 	res, err := s.n.buckets.Commit(c, req.GetKey(), req.GetGrantId(), req.GetUsed(), s.n.now())
+	s.n.replica.Touch(c, req.GetKey(), 0) // a debt must reach the copy
 	m := s.n.metrics.cost
 	name := c.Rule.Name
 	switch {

@@ -91,6 +91,15 @@ type Config struct {
 	// DrainLinger is how long a stopping node keeps answering after it
 	// left the routing view, while clients hear of the new view.
 	DrainLinger time.Duration
+	// ReplicationInterval is the longest a changed bucket of a durable
+	// rule waits before it is sent to its key's next owner (replica.go).
+	ReplicationInterval time.Duration
+	// CheckpointInterval is how often durable buckets are checkpointed to
+	// CheckpointDir (when any changed): at most one fsync per interval.
+	CheckpointInterval time.Duration
+	// CheckpointDir is where durable buckets are checkpointed (the data
+	// dir); empty turns checkpoints off.
+	CheckpointDir string
 	// Pprof serves net/http/pprof under /debug/pprof/ on PprofAddr.
 	Pprof bool
 	// PprofAddr is the listen address of /debug/pprof/ (plain HTTP, its
@@ -140,22 +149,26 @@ const (
 	DefaultMaxHealthWatches           = 256
 	DefaultMaxViewStreamsPerPrincipal = 256
 	DefaultForwardTimeout             = time.Second
+	DefaultReplicationInterval        = time.Second
+	DefaultCheckpointInterval         = 5 * time.Second
 )
 
 // DefaultConfig returns the configuration of the no-flag single node.
 func DefaultConfig() Config {
 	return Config{
-		GRPCAddr:        "127.0.0.1:7070",
-		HTTPAddr:        "127.0.0.1:7072",
-		PprofAddr:       "127.0.0.1:7073",
-		MaxBucketMemory: DefaultBucketMemory(),
-		MaxRules:        rule.DefaultMaxRules,
-		MaxRecvMsgSize:  4 << 20,
-		DefaultDeadline: 10 * time.Second,
-		SweepInterval:   time.Second,
-		ShutdownGrace:   5 * time.Second,
-		DrainLinger:     time.Second,
-		Visibility:      true,
+		GRPCAddr:            "127.0.0.1:7070",
+		HTTPAddr:            "127.0.0.1:7072",
+		PprofAddr:           "127.0.0.1:7073",
+		MaxBucketMemory:     DefaultBucketMemory(),
+		MaxRules:            rule.DefaultMaxRules,
+		MaxRecvMsgSize:      4 << 20,
+		DefaultDeadline:     10 * time.Second,
+		SweepInterval:       time.Second,
+		ShutdownGrace:       5 * time.Second,
+		DrainLinger:         time.Second,
+		ReplicationInterval: DefaultReplicationInterval,
+		CheckpointInterval:  DefaultCheckpointInterval,
+		Visibility:          true,
 	}
 }
 
@@ -209,6 +222,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("VisibilityMaxRules must be >= 0, got %d", c.VisibilityMaxRules)
 	case c.DrainLinger < 0:
 		return fmt.Errorf("DrainLinger must be >= 0, got %v", c.DrainLinger)
+	case c.ReplicationInterval < 0 || c.ReplicationInterval > time.Minute:
+		return fmt.Errorf("ReplicationInterval must be between 0 (default) and 1m, got %v", c.ReplicationInterval)
+	case c.CheckpointInterval < 0:
+		return fmt.Errorf("CheckpointInterval must be >= 0, got %v", c.CheckpointInterval)
 	}
 	if _, _, err := net.SplitHostPort(c.GRPCAddr); err != nil {
 		return fmt.Errorf("GRPCAddr %q: %w", c.GRPCAddr, err)

@@ -33,6 +33,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/handoff"
 	"github.com/tokenserver/tokenserver/internal/overadmit"
+	"github.com/tokenserver/tokenserver/internal/replica"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
@@ -84,8 +85,9 @@ type Node struct {
 	serving       atomic.Bool
 	draining      atomic.Bool
 	metrics       *metrics
-	envoy         *envoy            // Envoy's rate limit service (envoy*.go)
-	handoff       *handoff.Receiver // handoff.go
+	envoy         *envoy              // Envoy's rate limit service (envoy*.go)
+	handoff       *handoff.Receiver   // handoff.go
+	replica       *replica.Replicator // replica.go
 	// bound is tokenserver_overadmission_bound_permits: parts register
 	// with bound.Add (handoff.go).
 	bound overadmit.Bound
@@ -146,7 +148,7 @@ func New(cfg Config, deps Deps) (*Node, error) {
 		n.hooks = NewRaftHooks()
 	}
 	n.metrics = newMetrics(n)
-	deps.Services = append(deps.Services, n.newHandoff())
+	deps.Services = append(deps.Services, n.newHandoff(), n.newReplica())
 	if n.now == nil {
 		start := time.Now()
 		// Unix nanoseconds as of start, advanced by the monotonic clock:
@@ -267,6 +269,8 @@ func (n *Node) Serve(ctx context.Context, lis Listeners) error {
 	go n.watchAuth()
 	n.wg.Add(1)
 	go n.watchMoves() // handoff.go
+	n.wg.Add(1)
+	go n.replicate()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.envoy.run(n.done) }()
 	if n.join != nil {

@@ -75,6 +75,7 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 		return shard.Grant{}, err
 	}
 	var d shard.Decision
+	n.installReplica(c, req.GetKey()) // durable rules: continue from a copy (replica.go)
 	if req.GetLease() {
 		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
 	} else {
@@ -88,6 +89,7 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 		return shard.Grant{}, err
 	}
 	n.recordDecision(c, req.GetKey(), permits, &d)
+	n.replica.Touch(c, req.GetKey(), d.Granted) // durable rules only (replica.go)
 	resp.Allowed = d.Allowed
 	resp.Granted = d.Granted
 	resp.Remaining = d.Remaining
@@ -244,7 +246,9 @@ func (s *tokenService) RefillToken(ctx context.Context, req *pb.RefillTokenReque
 	if req.Permits != nil {
 		permits = *req.Permits
 	}
+	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
 	refilled, remaining, err := s.n.buckets.Refill(c, req.GetKey(), req.GetGrantId(), permits, s.n.now())
+	s.n.replica.Touch(c, req.GetKey(), 0)
 	if err != nil {
 		return nil, toError(err)
 	}
@@ -265,7 +269,9 @@ func (s *tokenService) RenewLease(ctx context.Context, req *pb.RenewLeaseRequest
 			return c.RenewLease(ctx, req)
 		})
 	}
+	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
 	ok, err := s.n.buckets.Renew(c, req.GetKey(), req.GetGrantId(), s.n.now())
+	s.n.replica.Touch(c, req.GetKey(), 0)
 	if err != nil {
 		return nil, toError(err)
 	}

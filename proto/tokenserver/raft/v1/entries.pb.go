@@ -67,8 +67,10 @@ type Rule struct {
 	InlineMaxLimit    int64 `protobuf:"varint,23,opt,name=inline_max_limit,json=inlineMaxLimit,proto3" json:"inline_max_limit,omitempty"`
 	InlineMaxPeriodNs int64 `protobuf:"varint,24,opt,name=inline_max_period_ns,json=inlineMaxPeriodNs,proto3" json:"inline_max_period_ns,omitempty"`
 	ReservationTtlNs  int64 `protobuf:"varint,25,opt,name=reservation_ttl_ns,json=reservationTtlNs,proto3" json:"reservation_ttl_ns,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Buckets are replicated to the next owner and checkpointed.
+	Durable       bool `protobuf:"varint,26,opt,name=durable,proto3" json:"durable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rule) Reset() {
@@ -274,6 +276,13 @@ func (x *Rule) GetReservationTtlNs() int64 {
 		return x.ReservationTtlNs
 	}
 	return 0
+}
+
+func (x *Rule) GetDurable() bool {
+	if x != nil {
+		return x.Durable
+	}
+	return false
 }
 
 // Override gives one key its own limit.
@@ -1771,7 +1780,7 @@ var File_tokenserver_raft_v1_entries_proto protoreflect.FileDescriptor
 
 const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\n" +
-	"!tokenserver/raft/v1/entries.proto\x12\x13tokenserver.raft.v1\"\xaf\x06\n" +
+	"!tokenserver/raft/v1/entries.proto\x12\x13tokenserver.raft.v1\"\xc9\x06\n" +
 	"\x04Rule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x14\n" +
@@ -1803,7 +1812,8 @@ const file_tokenserver_raft_v1_entries_proto_rawDesc = "" +
 	"\ttime_zone\x18\x16 \x01(\tR\btimeZone\x12(\n" +
 	"\x10inline_max_limit\x18\x17 \x01(\x03R\x0einlineMaxLimit\x12/\n" +
 	"\x14inline_max_period_ns\x18\x18 \x01(\x03R\x11inlineMaxPeriodNs\x12,\n" +
-	"\x12reservation_ttl_ns\x18\x19 \x01(\x03R\x10reservationTtlNs\"H\n" +
+	"\x12reservation_ttl_ns\x18\x19 \x01(\x03R\x10reservationTtlNs\x12\x18\n" +
+	"\adurable\x18\x1a \x01(\bR\adurable\"H\n" +
 	"\bOverride\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x14\n" +
