@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
@@ -69,7 +70,12 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 		permits = *req.Permits
 	}
 	var d shard.Decision
-	if req.GetLease() {
+	if l := req.GetLimit(); l != nil {
+		if req.GetLease() {
+			return shard.Grant{}, rule.Invalid("limit: a lease takes the rule's limit; send limit without lease")
+		}
+		d, err = n.buckets.AcquireInline(c, req.GetKey(), inlineLimit(l), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
+	} else if req.GetLease() {
 		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
 	} else {
 		d, err = n.buckets.Acquire(c, req.GetKey(), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
@@ -94,6 +100,15 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	}
 	resp.ShadowDenied = d.ShadowDenied
 	return d.Grant, nil
+}
+
+// inlineLimit is the rule form of a request's limit.
+func inlineLimit(l *pb.InlineLimit) rule.InlineLimit {
+	alg := bucket.Algorithm(l.GetAlgorithm())
+	if l.GetAlgorithm() < 0 || l.GetAlgorithm() > pb.Algorithm(bucket.Concurrency) {
+		alg = bucket.Algorithm(255) // unknown: differs from every rule's
+	}
+	return rule.InlineLimit{Algorithm: alg, Limit: l.GetLimit(), Period: time.Duration(l.GetPeriodNs()), Burst: l.GetBurst()}
 }
 
 // AcquireToken implements pb.TokenServiceServer.

@@ -75,7 +75,7 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 			r, _ := bucket.New(cfg, now).Debit(cfg, now, 0)
 			return CommitResult{CommitResult: r, Settled: true}, nil
 		}
-	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
 		return CommitResult{}, err
 	}
 	defer e.mu.Unlock()
@@ -85,8 +85,15 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 	if e.rule.Rule.Generation != c.Rule.Generation {
 		return CommitResult{}, fmt.Errorf("grant %q is of an earlier generation of rule %q: %w", grantID, c.Rule.Name, ErrGrantNotFound)
 	}
-	cfg = c.ConfigFor(key)
+	cfg = e.config(key)
 	m.follow(e, cfg, now)
+	if w := c.Rule.ReservationWindow(cfg); w != window {
+		// The bucket is under a request's limit, of another window.
+		if window = w; now >= addSat(g.IssuedAt, window) {
+			return CommitResult{}, fmt.Errorf("grant %q was made %v ago, past the reservation TTL %v of rule %q: it stays charged at its estimate of %d, nothing changed: %w",
+				grantID, time.Duration(now-g.IssuedAt), time.Duration(window), c.Rule.Name, g.Permits, ErrGrantExpired)
+		}
+	}
 	if e.refilled.has(g.Nonce) {
 		r, _ := e.b.Debit(cfg, now, 0)
 		return CommitResult{CommitResult: r}, nil

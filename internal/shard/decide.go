@@ -69,7 +69,54 @@ func CheckRequest(cfg *bucket.Config, req bucket.Request) error {
 // Decision with Allowed false, not an error; errors are rule.ErrInvalid for a
 // bad request, ErrBucketCap and ErrMaxKeys for a new key past a cap.
 func (m *Map) Acquire(c *rule.Compiled, key string, req bucket.Request, now int64) (Decision, error) {
-	return m.acquire(c, key, req, false, now)
+	return m.acquire(c, key, nil, req, false, now)
+}
+
+// AcquireInline is Acquire under a limit carried in the request (see
+// rule.InlineLimit): the key's one bucket is resized to it (unless an
+// override of the key applies, which wins) and judged by it; its later
+// commits, refills and idle checks use it until another acquire of the
+// key brings another limit or none. A limit the rule's inline policy
+// refuses is rule.ErrInvalid and changes nothing.
+func (m *Map) AcquireInline(c *rule.Compiled, key string, l rule.InlineLimit, req bucket.Request, now int64) (Decision, error) {
+	c, err := current(c)
+	if err != nil {
+		return Decision{}, err
+	}
+	inl, err := c.Inline(l)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.acquire(c, key, &inlineReq{limit: l, by: c, cfg: inl}, req, false, now)
+}
+
+// inlineReq is a request's limit: as asked, and as configured under the
+// rule version by that validated it. It stays on the caller's stack: the
+// bucket keeps a copy (see followInline).
+type inlineReq struct {
+	limit rule.InlineLimit
+	by    *rule.Compiled
+	cfg   bucket.Config
+}
+
+// configFor is the configuration that judges key under c: c's
+// configuration for the key, or, when useInl, inl.cfg (a request limit
+// applies when the request carries one and no override of the key does;
+// the operator's override wins). inl is revalidated under c when another
+// version validated it.
+func configFor(c *rule.Compiled, key string, inl *inlineReq) (cfg *bucket.Config, useInl bool, err error) {
+	cfg = c.ConfigFor(key)
+	if inl == nil || cfg != &c.Config {
+		return cfg, false, nil
+	}
+	if inl.by != c {
+		v, err := c.Inline(inl.limit)
+		if err != nil {
+			return nil, false, err
+		}
+		inl.by, inl.cfg = c, v
+	}
+	return cfg, true, nil
 }
 
 // Lease policy: under LeaseLowShare of capacity, a lease gets at most
@@ -92,25 +139,35 @@ func (m *Map) AcquireLease(c *rule.Compiled, key string, want int64, now int64) 
 	if want < 1 {
 		return Decision{}, rule.Invalid("a lease wants permits >= 1, got %d", want)
 	}
-	return m.acquire(c, key, bucket.Request{Permits: want, Partial: true}, true, now)
+	return m.acquire(c, key, nil, bucket.Request{Permits: want, Partial: true}, true, now)
 }
 
 // acquire finds the rule version and the bucket that judge req, and has
 // decide judge it under the bucket's lock.
-func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bool, now int64) (Decision, error) {
+func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request, lease bool, now int64) (Decision, error) {
 	c, err := current(c)
 	if err != nil {
 		return Decision{}, err
 	}
-	cfg := c.ConfigFor(key)
-	if err := CheckRequest(cfg, req); err != nil {
+	// cfg is the rule's (it may be kept by the bucket); the request's own
+	// limit, when useInl, is inl.cfg, which only check points at, so that
+	// it never leaves the stack.
+	cfg, useInl, err := configFor(c, key, inl)
+	if err != nil {
+		return Decision{}, err
+	}
+	check := cfg
+	if useInl {
+		check = &inl.cfg
+	}
+	if err := CheckRequest(check, req); err != nil {
 		return Decision{}, err
 	}
 	if c.Allowed(key) {
-		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
+		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: check.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
 	}
 	if c.Denied(key) {
-		d := Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList, Rule: c}
+		d := Decision{Result: bucket.Result{RetryAfter: check.Period}, Reason: ReasonDenyList, Rule: c}
 		shadow(c, &d, req)
 		return d, nil
 	}
@@ -120,10 +177,17 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	var e *entry
 	if req.Permits == 0 { // a peek creates nothing
 		if e = m.lookup(sh, h, bk); e == nil {
-			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit, Rule: c}, nil
+			pc := *check
+			return Decision{Result: bucket.New(&pc, now).Acquire(&pc, now, req), Reason: ReasonLimit, Rule: c}, nil
 		}
-	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
-		return Decision{}, err
+	} else {
+		var init *bucket.Config
+		if useInl {
+			init = &inl.cfg
+		}
+		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, init, now); err != nil {
+			return Decision{}, err
+		}
 	}
 	// Look again under the bucket's lock: a sweep drops a bucket of a gone
 	// rule only after the rule learnt its successor, so this sees it.
@@ -131,8 +195,8 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		e.mu.Unlock()
 		return Decision{}, err
 	} else if l != c {
-		c, cfg = l, l.ConfigFor(key)
-		if err := CheckRequest(cfg, req); err != nil {
+		c = l
+		if err = m.recheck(c, key, inl, req, &cfg, &useInl); err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
@@ -142,15 +206,19 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		if err == nil && j != c {
 			// The bucket is at a newer version than the caller's: it is
 			// judged by that one (a bucket never moves back).
-			c, cfg = j, j.ConfigFor(key)
-			err = CheckRequest(cfg, req)
+			c = j
+			err = m.recheck(c, key, inl, req, &cfg, &useInl)
 		}
 		if err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
 	}
-	m.follow(e, cfg, now)
+	if useInl {
+		cfg = m.followInline(e, &inl.cfg, now)
+	} else {
+		m.follow(e, cfg, now)
+	}
 	d, err := m.decide(e, c, cfg, req, lease, now)
 	e.mu.Unlock()
 	if err != nil {
@@ -162,6 +230,18 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	d.Rule = c
 	shadow(c, &d, req)
 	return d, nil
+}
+
+// recheck is configFor and CheckRequest again under another version c.
+func (m *Map) recheck(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request, cfg **bucket.Config, useInl *bool) error {
+	var err error
+	if *cfg, *useInl, err = configFor(c, key, inl); err != nil {
+		return err
+	}
+	if *useInl {
+		return CheckRequest(&inl.cfg, req)
+	}
+	return CheckRequest(*cfg, req)
 }
 
 // decide judges req on e's bucket under rule version c (e's own) and cfg
