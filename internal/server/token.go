@@ -154,6 +154,12 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	if len(items) > MaxBatch {
 		return nil, toError(failf(ErrBadRequest, "requests has %d items, above the limit of %d per call", len(items), MaxBatch))
 	}
+	aon := req.GetAllOrNothing()
+	if aon {
+		if err := checkAllOrNothing(items); err != nil {
+			return nil, toError(err)
+		}
+	}
 	s.n.metrics.batch.Observe(float64(len(items)))
 	v := s.n.data.View()
 	fwd := forwarded(ctx)
@@ -175,6 +181,10 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	if !fwd {
 		avoid = s.n.avoided(ctx, v)
 	}
+	var local []bool // all_or_nothing: the items decided here
+	if aon {
+		local = make([]bool, len(items))
+	}
 	for i, it := range items {
 		out.Results[i] = &results[i]
 		if !fwd {
@@ -189,6 +199,9 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 				remote[owner.ID] = append(remote[owner.ID], i)
 				continue
 			}
+		}
+		if local != nil {
+			local[i] = true
 		}
 		g, err := s.n.decide(ctx, t, v.Epoch, it, &resps[i])
 		if err != nil {
@@ -211,6 +224,9 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	}
 	if remote != nil {
 		s.n.forwardBatch(ctx, v, items, remote, out.Results)
+	}
+	if aon {
+		s.settleAllOrNothing(ctx, items, out, local)
 	}
 	return out, nil
 }
