@@ -149,43 +149,46 @@ func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.R
 	if err != nil {
 		return Decision{}, err
 	}
-	// cfg is the rule's (it may be kept by the bucket); the request's own
-	// limit, when useInl, is inl.cfg, which only check points at, so that
-	// it never leaves the stack.
-	cfg, useInl, err := configFor(c, key, inl)
-	if err != nil {
-		return Decision{}, err
-	}
-	check := cfg
-	if useInl {
-		check = &inl.cfg
-	}
-	if err := CheckRequest(check, req); err != nil {
-		return Decision{}, err
-	}
-	if c.Allowed(key) {
-		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: check.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
-	}
-	if c.Denied(key) {
-		d := Decision{Result: bucket.Result{RetryAfter: check.Period}, Reason: ReasonDenyList, Rule: c}
-		shadow(c, &d, req)
-		return d, nil
+	if c.Allowed(key) || c.Denied(key) {
+		return listed(c, key, inl, req)
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	sh, h := m.shardOf(bk)
-	var e *entry
-	if req.Permits == 0 { // a peek creates nothing
-		if e = m.lookup(sh, h, bk); e == nil {
+	// j.cfg is the rule's (the bucket may keep it); the request's own
+	// limit, when j.inline, is inl.cfg, which only j.check points at, so
+	// that it never leaves the stack. A bucket already judged by c under
+	// the same runtime overrides answers without the override lookup.
+	var j judge
+	e := m.lookup(sh, h, bk)
+	if e != nil && e.rule == c && e.stamp == c.Stamp() {
+		err = j.cached(e, c, inl)
+	} else {
+		err = j.lookup(c, key, inl)
+	}
+	check := j.cfg
+	if j.inline {
+		check = &inl.cfg
+	}
+	if err == nil {
+		err = CheckRequest(check, req)
+	}
+	if err != nil {
+		if e != nil {
+			e.mu.Unlock()
+		}
+		return Decision{}, err
+	}
+	if e == nil {
+		if req.Permits == 0 { // a peek creates nothing
 			pc := *check
 			return Decision{Result: bucket.New(&pc, now).Acquire(&pc, now, req), Reason: ReasonLimit, Rule: c}, nil
 		}
-	} else {
 		var init *bucket.Config
-		if useInl {
+		if j.inline {
 			init = &inl.cfg
 		}
-		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, init, now); err != nil {
+		if e, err = m.lookupOrCreate(sh, h, bk, c, j.cfg, init, now); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -196,29 +199,31 @@ func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.R
 		return Decision{}, err
 	} else if l != c {
 		c = l
-		if err = m.recheck(c, key, inl, req, &cfg, &useInl); err != nil {
+		if err = j.recheck(c, key, inl, req); err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
 	}
 	if e.rule != c {
-		j, err := m.resolve(e, c, key, now)
-		if err == nil && j != c {
+		v, err := m.resolve(e, c, key, now)
+		if err == nil && v != c {
 			// The bucket is at a newer version than the caller's: it is
 			// judged by that one (a bucket never moves back).
-			c = j
-			err = m.recheck(c, key, inl, req, &cfg, &useInl)
+			c = v
+			err = j.recheck(c, key, inl, req)
 		}
 		if err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
 	}
-	if useInl {
+	cfg := j.cfg
+	if j.inline {
 		cfg = m.followInline(e, &inl.cfg, now)
 	} else {
 		m.follow(e, cfg, now)
 	}
+	e.stamp = j.stamp
 	d, err := m.decide(e, c, cfg, req, lease, now)
 	e.mu.Unlock()
 	if err != nil {
@@ -232,16 +237,76 @@ func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.R
 	return d, nil
 }
 
-// recheck is configFor and CheckRequest again under another version c.
-func (m *Map) recheck(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request, cfg **bucket.Config, useInl *bool) error {
+// listed answers a key on c's allow or deny list, which has no bucket.
+func listed(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request) (Decision, error) {
+	var j judge
+	if err := j.recheck(c, key, inl, req); err != nil {
+		return Decision{}, err
+	}
+	check := j.cfg
+	if j.inline {
+		check = &inl.cfg
+	}
+	if c.Allowed(key) {
+		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: check.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
+	}
+	d := Decision{Result: bucket.Result{RetryAfter: check.Period}, Reason: ReasonDenyList, Rule: c}
+	shadow(c, &d, req)
+	return d, nil
+}
+
+// judge is the configuration an acquire is judged by.
+type judge struct {
+	// cfg is the rule version's configuration for the key (an override's
+	// or the default), as of stamp.
+	cfg   *bucket.Config
+	stamp *rule.Stamp
+	// inline: the request's limit applies (inl.cfg, which j does not
+	// point at: it stays on the stack).
+	inline bool
+}
+
+// lookup fills j for key under c: the stamp first, then the lookup, so
+// that an override written in between changes the stamp after the one
+// j keeps.
+func (j *judge) lookup(c *rule.Compiled, key string, inl *inlineReq) error {
+	j.stamp = c.Stamp()
 	var err error
-	if *cfg, *useInl, err = configFor(c, key, inl); err != nil {
+	j.cfg, j.inline, err = configFor(c, key, inl)
+	return err
+}
+
+// cached fills j from e, a bucket judged by c under c's current stamp:
+// its configuration is c's for the key, unless it holds a request's
+// limit, which applies only where c's default does. e.mu is held.
+func (j *judge) cached(e *entry, c *rule.Compiled, inl *inlineReq) error {
+	j.stamp, j.cfg = e.stamp, e.cfg
+	if e.inl != nil && e.cfg == e.inl {
+		j.cfg = &c.Config
+	}
+	if inl == nil || j.cfg != &c.Config {
+		return nil
+	}
+	if inl.by != c {
+		v, err := c.Inline(inl.limit)
+		if err != nil {
+			return err
+		}
+		inl.by, inl.cfg = c, v
+	}
+	j.inline = true
+	return nil
+}
+
+// recheck is lookup and CheckRequest under another version c.
+func (j *judge) recheck(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request) error {
+	if err := j.lookup(c, key, inl); err != nil {
 		return err
 	}
-	if *useInl {
+	if j.inline {
 		return CheckRequest(&inl.cfg, req)
 	}
-	return CheckRequest(*cfg, req)
+	return CheckRequest(j.cfg, req)
 }
 
 // decide judges req on e's bucket under rule version c (e's own) and cfg

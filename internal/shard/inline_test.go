@@ -155,3 +155,46 @@ func TestInlineAllocs(t *testing.T) {
 		t.Fatalf("inline %v allocs, rule %v", inl, plain)
 	}
 }
+
+// TestCachedConfigFollowsOverrides: a bucket caches its key's
+// configuration, and a runtime override written, changed or deleted
+// after the bucket was made applies from the next acquire on (the cache
+// is keyed by the overrides' stamp). A fixed window keeps its count
+// across a resize, so remaining is the limit less what was taken.
+func TestCachedConfigFollowsOverrides(t *testing.T) {
+	r := &rule.Rule{Name: "llm", Algorithm: bucket.FixedWindow, Limit: 10, Period: time.Hour, Inline: rule.InlinePolicy{MaxLimit: 100}}
+	c := compiled(t, r)
+	rt := &rule.Runtime{}
+	c.Attach(rt)
+	m := New(Config{})
+	now := 100 * sec
+	for i, s := range []struct {
+		write   func()
+		limit   int64 // 0: no limit in the request
+		permits int64
+		allowed bool
+		remain  int64
+	}{
+		{nil, 0, 4, true, 6},
+		{func() { rt.Put(rule.RuntimeOverride{Rule: "llm", Key: "k", Limit: 3}) }, 0, 1, false, 0},
+		{func() { rt.Put(rule.RuntimeOverride{Rule: "llm", Key: "k", Limit: 8}) }, 0, 2, true, 2},
+		{func() { rt.Put(rule.RuntimeOverride{Rule: "llm", Key: "k*", Limit: 1}) }, 0, 1, true, 1}, // exact beats prefix
+		{func() { rt.Delete("k") }, 50, 1, false, 0},                                                  // the prefix beats the request's limit
+		{func() { rt.Delete("k*") }, 50, 5, true, 38},                                                 // the request's limit
+		{nil, 0, 1, false, 0},  // the rule's 10 again
+		{nil, 50, 1, true, 37}, // and back
+	} {
+		if s.write != nil {
+			s.write()
+		}
+		var d Decision
+		if s.limit == 0 {
+			d = acquire(t, m, c, "k", s.permits, now)
+		} else {
+			d = acquireInline(t, m, c, "k", s.limit, s.permits, now)
+		}
+		if d.Allowed != s.allowed || d.Remaining != s.remain {
+			t.Fatalf("step %d: allowed %v remaining %d, want %v %d", i, d.Allowed, d.Remaining, s.allowed, s.remain)
+		}
+	}
+}

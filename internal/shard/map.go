@@ -104,6 +104,10 @@ type entry struct {
 	// bucket (a copy of its configuration), while cfg is inl; nil when
 	// that request carried none.
 	inl *bucket.Config
+	// stamp is the stamp of rule's runtime overrides under which cfg (or,
+	// while cfg is inl, rule's default) was found for the key: while it
+	// holds, an acquire needs no override lookup. nil: none.
+	stamp *rule.Stamp
 	// penaltyUntil is the end of the key's penalty lock-out.
 	penaltyUntil int64
 	// refilled records grants already given back (windows and buckets;

@@ -52,7 +52,7 @@ func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
 	if c.Rule.Penalty == 0 {
 		e.penaltyUntil = 0
 	}
-	e.rule, e.cfg = c, newCfg
+	e.rule, e.cfg, e.stamp = c, newCfg, nil
 	if sameGen {
 		m.charge(c, e.bytes()-before)
 	} else {
