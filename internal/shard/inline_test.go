@@ -179,8 +179,8 @@ func TestCachedConfigFollowsOverrides(t *testing.T) {
 		{func() { rt.Put(rule.RuntimeOverride{Rule: "llm", Key: "k", Limit: 3}) }, 0, 1, false, 0},
 		{func() { rt.Put(rule.RuntimeOverride{Rule: "llm", Key: "k", Limit: 8}) }, 0, 2, true, 2},
 		{func() { rt.Put(rule.RuntimeOverride{Rule: "llm", Key: "k*", Limit: 1}) }, 0, 1, true, 1}, // exact beats prefix
-		{func() { rt.Delete("k") }, 50, 1, false, 0},                                                  // the prefix beats the request's limit
-		{func() { rt.Delete("k*") }, 50, 5, true, 38},                                                 // the request's limit
+		{func() { rt.Delete("k") }, 50, 1, false, 0},                                               // the prefix beats the request's limit
+		{func() { rt.Delete("k*") }, 50, 5, true, 38},                                              // the request's limit
 		{nil, 0, 1, false, 0},  // the rule's 10 again
 		{nil, 50, 1, true, 37}, // and back
 	} {
