@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -123,4 +124,83 @@ func BenchmarkCommitVsRefill(b *testing.B) {
 			}
 		})
 	}
+}
+
+// interleave runs the variants in turns of 64 operations each until
+// every one ran b.N times, and reports each one's median ns per operation
+// over its turns: on a loaded machine, turns this short see the same
+// load, and the median drops the turns a descheduling or a GC hit, so the
+// variants compare where separate benchmarks, run minutes apart, would
+// not. ns/op is not meaningful and is reported as 0.
+func interleave(b *testing.B, names []string, ops []func(i int)) {
+	const turn = 64
+	per := make([][]float64, len(ops))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for done := 0; done < b.N; done += turn {
+		n := min(turn, b.N-done)
+		for v, op := range ops {
+			start := time.Now()
+			for i := range n {
+				op(done + i)
+			}
+			per[v] = append(per[v], float64(time.Since(start).Nanoseconds())/float64(n))
+		}
+	}
+	b.StopTimer()
+	for v, name := range names {
+		slices.Sort(per[v])
+		b.ReportMetric(per[v][len(per[v])/2], "ns/"+name)
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkDecisionCosts interleaves the decision path on 10k keys with
+// buckets: under the rule with no runtime overrides (rule), with 100,000
+// (overrides, the difference is what the lookup adds), and with a limit
+// in the request (inline); and the settlement of a 2-permit grant by
+// Refill of 1 (refill) against Commit at 1 (commit), the acquire
+// included in both. allocs/op is for all five together.
+func BenchmarkDecisionCosts(b *testing.B) {
+	keys := benchKeys()
+	c0, c100k, cs := benchRule(b, 0), benchRule(b, 100_000), benchRule(b, 0)
+	m0, m100k, mi, ms := New(Config{}), New(Config{}), New(Config{}), New(Config{})
+	l := rule.InlineLimit{Limit: 1 << 40, Period: time.Hour}
+	for _, k := range keys {
+		_, e1 := m0.Acquire(c0, k, bucket.Request{Permits: 1}, sec)
+		_, e2 := m100k.Acquire(c100k, k, bucket.Request{Permits: 1}, sec)
+		_, e3 := mi.AcquireInline(c0, k, l, bucket.Request{Permits: 1}, sec)
+		_, e4 := ms.Acquire(cs, k, bucket.Request{Permits: 1}, sec)
+		if e1 != nil || e2 != nil || e3 != nil || e4 != nil {
+			b.Fatal(e1, e2, e3, e4)
+		}
+	}
+	must := func(err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	settle := func(commit bool) func(i int) {
+		return func(i int) {
+			k := keys[i%len(keys)]
+			d, err := ms.Acquire(cs, k, bucket.Request{Permits: 2}, 2*sec)
+			must(err)
+			if commit {
+				_, err = ms.Commit(cs, k, d.Grant.String(), 1, 2*sec)
+			} else {
+				_, _, err = ms.Refill(cs, k, d.Grant.String(), 1, 2*sec)
+			}
+			must(err)
+		}
+	}
+	interleave(b, []string{"rule", "overrides", "inline", "refill", "commit"}, []func(i int){
+		func(i int) { _, err := m0.Acquire(c0, keys[i%len(keys)], bucket.Request{Permits: 1}, 2*sec); must(err) },
+		func(i int) { _, err := m100k.Acquire(c100k, keys[i%len(keys)], bucket.Request{Permits: 1}, 2*sec); must(err) },
+		func(i int) {
+			_, err := mi.AcquireInline(c0, keys[i%len(keys)], l, bucket.Request{Permits: 1}, 2*sec)
+			must(err)
+		},
+		settle(false),
+		settle(true),
+	})
 }
