@@ -195,7 +195,10 @@ func BenchmarkDecisionCosts(b *testing.B) {
 	}
 	interleave(b, []string{"rule", "overrides", "inline", "refill", "commit"}, []func(i int){
 		func(i int) { _, err := m0.Acquire(c0, keys[i%len(keys)], bucket.Request{Permits: 1}, 2*sec); must(err) },
-		func(i int) { _, err := m100k.Acquire(c100k, keys[i%len(keys)], bucket.Request{Permits: 1}, 2*sec); must(err) },
+		func(i int) {
+			_, err := m100k.Acquire(c100k, keys[i%len(keys)], bucket.Request{Permits: 1}, 2*sec)
+			must(err)
+		},
 		func(i int) {
 			_, err := mi.AcquireInline(c0, keys[i%len(keys)], l, bucket.Request{Permits: 1}, 2*sec)
 			must(err)
