@@ -91,7 +91,7 @@ func (m *Map) AcquireInline(c *rule.Compiled, key string, l rule.InlineLimit, re
 }
 
 // inlineReq is a request's limit: as asked, and as configured under the
-// rule version by that validated it. It stays on the caller's stack: the
+// rule version (by) that validated it. It stays on the caller's stack: the
 // bucket keeps a copy (see followInline).
 type inlineReq struct {
 	limit rule.InlineLimit
@@ -156,7 +156,7 @@ func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.R
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	sh, h := m.shardOf(bk)
 	// j.cfg is the rule's (the bucket may keep it); the request's own
-	// limit, when j.inline, is inl.cfg, which only j.check points at, so
+	// limit, when j.inline, is inl.cfg, which only check points at, so
 	// that it never leaves the stack. A bucket already judged by c under
 	// the same runtime overrides answers without the override lookup.
 	var j judge
@@ -181,8 +181,11 @@ func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.R
 	}
 	if e == nil {
 		if req.Permits == 0 { // a peek creates nothing
-			pc := *check
-			return Decision{Result: bucket.New(&pc, now).Acquire(&pc, now, req), Reason: ReasonLimit, Rule: c}, nil
+			if j.inline {
+				pc := inl.cfg // a copy: inl stays on the stack
+				return Decision{Result: bucket.New(&pc, now).Acquire(&pc, now, req), Reason: ReasonLimit, Rule: c}, nil
+			}
+			return Decision{Result: bucket.New(j.cfg, now).Acquire(j.cfg, now, req), Reason: ReasonLimit, Rule: c}, nil
 		}
 		var init *bucket.Config
 		if j.inline {
