@@ -18,6 +18,13 @@ type Hit struct {
 	Limit *Limit
 	// Hits is the cost; 0 checks without counting.
 	Hits uint64
+	// Debit: Hits is a descriptor's own hits_addend, a report of usage
+	// (Envoy sends the cost of a response so, on the response path): the
+	// algorithm extension charges it even past the limit, as a commit
+	// without a reservation (the debt is repaid before anything else is
+	// granted), rather than refusing it as an acquire would. Fixed
+	// windows count every hit anyway, as the reference does.
+	Debit bool
 }
 
 // Decision is a Decider's answer for one Hit.
@@ -133,7 +140,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitReques
 	idx := make([]int, 0, len(descs))
 	for i, l := range limits {
 		if l != nil {
-			hits = append(hits, Hit{Limit: l, Hits: addends[i]})
+			hits = append(hits, Hit{Limit: l, Hits: addends[i], Debit: descs[i].GetHitsAddend() != nil && addends[i] > 0})
 			idx = append(idx, i)
 		}
 	}

@@ -84,6 +84,8 @@ func (o *RuntimeOverride) ValidateFor(r *Rule) error {
 // maps are faster and hand-write nothing).
 type Runtime struct {
 	n atomic.Int64 // overrides held, read without the lock
+	// stamp is replaced on every write (see Compiled.Stamp).
+	stamp atomic.Pointer[Stamp]
 
 	mu       sync.RWMutex
 	exact    map[string]*runtimeEntry
@@ -128,6 +130,7 @@ func (rt *Runtime) Put(o RuntimeOverride) {
 			rt.addLen(len(p), 1)
 		}
 		rt.prefix[p] = e
+		rt.stamp.Store(new(Stamp))
 		return
 	}
 	if rt.exact == nil {
@@ -137,6 +140,7 @@ func (rt *Runtime) Put(o RuntimeOverride) {
 		rt.n.Add(1)
 	}
 	rt.exact[o.Key] = e
+	rt.stamp.Store(new(Stamp))
 }
 
 // Delete removes the override of key (a pattern as written) and reports
@@ -149,6 +153,7 @@ func (rt *Runtime) Delete(key string) bool {
 			delete(rt.prefix, p)
 			rt.n.Add(-1)
 			rt.addLen(len(p), -1)
+			rt.stamp.Store(new(Stamp))
 			return true
 		}
 		return false
@@ -156,6 +161,7 @@ func (rt *Runtime) Delete(key string) bool {
 	if _, had := rt.exact[key]; had {
 		delete(rt.exact, key)
 		rt.n.Add(-1)
+		rt.stamp.Store(new(Stamp))
 		return true
 	}
 	return false
@@ -330,6 +336,24 @@ func (s *Overrides) All() []RuntimeOverride {
 // Attach gives c the runtime overrides of its rule from s (nil: none), so
 // that ConfigFor consults them.
 func (c *Compiled) Attach(rt *Runtime) { c.runtime.Store(rt) }
+
+// Stamp marks one state of a rule version's runtime overrides: while
+// c.Stamp() returns the same pointer, c.ConfigFor returns the same
+// configuration for every key. A caller caches ConfigFor's answer with the
+// stamp it read before asking, and asks again once the stamp differs
+// (pointers are compared; a held stamp is never reused).
+type Stamp struct{ _ uint64 }
+
+// Stamp returns the current stamp of c's runtime overrides (see Stamp).
+// It takes no lock and does not allocate.
+func (c *Compiled) Stamp() *Stamp {
+	if rt := c.runtime.Load(); rt != nil {
+		if s := rt.stamp.Load(); s != nil {
+			return s
+		}
+	}
+	return &c.none
+}
 
 // Runtime returns the runtime overrides attached to c, or nil.
 func (c *Compiled) Runtime() *Runtime { return c.runtime.Load() }

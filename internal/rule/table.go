@@ -29,6 +29,8 @@ type Compiled struct {
 	next atomic.Pointer[Compiled]
 	// runtime holds the rule's runtime overrides (see Attach); nil: none.
 	runtime atomic.Pointer[Runtime]
+	// none is the Stamp of c without runtime overrides.
+	none Stamp
 
 	overrides map[string]*bucket.Config
 	deny      map[string]struct{}

@@ -67,8 +67,13 @@ func (s *tokenService) CommitToken(ctx context.Context, req *pb.CommitTokenReque
 	case err != nil:
 	case res.Settled:
 		m.commits.WithLabelValues(name, "settled").Inc()
-		m.permits.WithLabelValues(name, "returned").Add(float64(res.Returned))
-		m.permits.WithLabelValues(name, "debited").Add(float64(res.Debited))
+		// Only what moved: each label lookup costs a hash and a lock.
+		if res.Returned > 0 {
+			m.permits.WithLabelValues(name, "returned").Add(float64(res.Returned))
+		}
+		if res.Debited > 0 {
+			m.permits.WithLabelValues(name, "debited").Add(float64(res.Debited))
+		}
 	default:
 		m.commits.WithLabelValues(name, "retried").Inc()
 	}

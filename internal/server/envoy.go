@@ -153,7 +153,7 @@ func (e *envoy) config() *envoyrls.Config {
 // (envoy_decide.go); any other is Envoy's.
 func (e *envoy) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
 	if forwarded(ctx) && isHitBatch(ctx) {
-		resp, err := e.dec.serveHits(req)
+		resp, err := e.dec.serveHits(ctx, req)
 		if err != nil {
 			return nil, toError(err)
 		}

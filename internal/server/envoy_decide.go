@@ -38,6 +38,13 @@ import (
 // remaining and reset-after nanoseconds, then one byte: 1 when over.
 const envoyHitsHeader = "x-tokenserver-envoy-hits"
 
+// envoyDebitsHeader lists, comma-separated, the indexes of the hits of a
+// forwarded batch that are debits (envoyrls.Hit.Debit). A header rather
+// than a change of the descriptor format: a node that does not know it
+// decides those hits as acquires, as it always did, instead of refusing
+// the batch.
+const envoyDebitsHeader = "x-tokenserver-envoy-debits"
+
 func isHitBatch(ctx context.Context) bool {
 	return len(metadata.ValueFromIncomingContext(ctx, envoyHitsHeader)) > 0
 }
@@ -95,7 +102,7 @@ func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.
 			return nil, err
 		}
 		if owner == nil {
-			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits); err != nil {
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit); err != nil {
 				return nil, err
 			}
 			continue
@@ -150,7 +157,7 @@ func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []env
 		}
 		if local {
 			var err error
-			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits); err != nil {
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit); err != nil {
 				return err
 			}
 			continue
@@ -170,8 +177,12 @@ func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []env
 // send forwards the hits idx to owner and reads its decisions into out.
 func (d *envoyDecider) send(ctx context.Context, owner *cluster.Member, hits []envoyrls.Hit, idx []int, out []envoyrls.Decision) error {
 	req := &rlpb.RateLimitRequest{Domain: hits[idx[0]].Limit.Domain, Descriptors: make([]*ratelimitv3.RateLimitDescriptor, len(idx))}
+	var debits []string
 	for j, i := range idx {
 		l := hits[i].Limit
+		if hits[i].Debit {
+			debits = append(debits, strconv.Itoa(j))
+		}
 		req.Descriptors[j] = &ratelimitv3.RateLimitDescriptor{
 			Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: l.CounterKey(), Value: strconv.Itoa(int(l.Algorithm)) + "/" + strconv.FormatInt(l.Burst, 10)}},
 			Limit:      &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: l.RequestsPerUnit, Unit: typev3.RateLimitUnit(l.Unit)},
@@ -184,6 +195,9 @@ func (d *envoyDecider) send(ctx context.Context, owner *cluster.Member, hits []e
 	}
 	d.n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
 	fctx := metadata.AppendToOutgoingContext(markForwarded(ctx), envoyHitsHeader, "1")
+	if debits != nil {
+		fctx = metadata.AppendToOutgoingContext(fctx, envoyDebitsHeader, strings.Join(debits, ","))
+	}
 	resp, err := rlpb.NewRateLimitServiceClient(conn).ShouldRateLimit(fctx, req)
 	if err != nil {
 		return peerError("owner "+owner.ID, err)
@@ -199,7 +213,17 @@ func (d *envoyDecider) send(ctx context.Context, owner *cluster.Member, hits []e
 }
 
 // serveHits decides a forwarded batch of hits here.
-func (d *envoyDecider) serveHits(req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
+func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
+	debit := make([]bool, len(req.GetDescriptors()))
+	for _, v := range metadata.ValueFromIncomingContext(ctx, envoyDebitsHeader) {
+		for _, f := range strings.Split(v, ",") {
+			i, err := strconv.Atoi(f)
+			if err != nil || i < 0 || i >= len(debit) {
+				return nil, failf(ErrBadRequest, "forwarded envoy debits %q: not an index of the %d hits", v, len(debit))
+			}
+			debit[i] = true
+		}
+	}
 	body := make([]byte, 0, 16*len(req.GetDescriptors()))
 	for i, desc := range req.GetDescriptors() {
 		es, l := desc.GetEntries(), desc.GetLimit()
@@ -212,7 +236,7 @@ func (d *envoyDecider) serveHits(req *rlpb.RateLimitRequest) (*rlpb.RateLimitRes
 		if !ok || err1 != nil || err2 != nil || alg <= 0 || alg > 255 {
 			return nil, failf(ErrBadRequest, "forwarded envoy hit %d: bad algorithm/burst %q", i, es[0].GetValue())
 		}
-		dec, err := d.local(envoyrls.Unit(l.GetUnit()), es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue())
+		dec, err := d.local(envoyrls.Unit(l.GetUnit()), es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue(), debit[i])
 		if err != nil {
 			return nil, err
 		}
@@ -221,8 +245,10 @@ func (d *envoyDecider) serveHits(req *rlpb.RateLimitRequest) (*rlpb.RateLimitRes
 	return &rlpb.RateLimitResponse{OverallCode: rlpb.RateLimitResponse_OK, RawBody: body}, nil
 }
 
-// local decides one hit on this node's shards, on Unix time.
-func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64) (envoyrls.Decision, error) {
+// local decides one hit on this node's shards, on Unix time. A debit
+// (see envoyrls.Hit.Debit) of the algorithm extension is charged with
+// Map.Debit, as a commit without a reservation.
+func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64, debit bool) (envoyrls.Decision, error) {
 	now := time.Now().UnixNano()
 	n := int64(min(hits, bucket.MaxLimit))
 	if alg == bucket.FixedWindow || alg == bucket.Unspecified {
@@ -242,6 +268,9 @@ func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorith
 		return envoyrls.Decision{Over: true, After: uint64(n)}, nil
 	}
 	c := d.compiled(unit, alg, rpu, burst)
+	if debit && bucket.OffersCommit(alg) {
+		return d.debit(c, key, n, now)
+	}
 	res, err := d.n.buckets.Acquire(c, key, bucket.Request{Permits: n}, now)
 	if errors.Is(err, rule.ErrInvalid) {
 		// More than the bucket could ever grant: over, as the reference
@@ -259,6 +288,23 @@ func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorith
 		dec.After, dec.Before = uint64(used), uint64(max(0, used-n))
 	} else {
 		dec.Before, dec.After = uint64(used), uint64(used+n)
+	}
+	return dec, nil
+}
+
+// debit charges a reported cost of n on the algorithm-extension bucket c
+// of key: always, even past the limit. The hit is over when the bucket
+// is left owing (the charge did not fit in what it held).
+func (d *envoyDecider) debit(c *rule.Compiled, key string, n, now int64) (envoyrls.Decision, error) {
+	r, err := d.n.buckets.Debit(c, key, n, now)
+	if err != nil {
+		return envoyrls.Decision{}, fmt.Errorf("envoy counter: %w", err)
+	}
+	capacity := c.Config.Capacity()
+	after := uint64(capacity-r.Remaining) + uint64(r.Debt)
+	dec := envoyrls.Decision{Before: after - uint64(n), After: after, Over: r.Debt > 0, ResetAfter: time.Duration(r.RetryAfter)}
+	if !dec.Over {
+		dec.Remaining = clampU32(r.Remaining)
 	}
 	return dec, nil
 }

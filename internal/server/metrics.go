@@ -27,6 +27,7 @@ type metrics struct {
 	apply     prometheus.Histogram
 	panics    prometheus.Counter
 	cost      *costMetrics
+	batches   *batchMetrics
 	// methods are the latency observers of the TokenService methods that
 	// decide (acquire, refill, renew; not the cluster view).
 	methods map[string]prometheus.Observer
@@ -112,6 +113,7 @@ func newMetrics(n *Node) *metrics {
 	buildInfo.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
 	m.reg.MustRegister(buildInfo)
 	m.cost = newCostMetrics(m.reg)
+	m.batches = newBatchMetrics(m.reg)
 	m.reg.MustRegister(m.latency, m.batch, m.adminCalls, m.authFailures, m.ruleConfirms, m.errors, m.forwarded, m.failovers, m.apply, m.panics,
 		&nodeCollector{n: n},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

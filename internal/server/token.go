@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
@@ -69,6 +70,9 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	if req.Permits != nil {
 		permits = *req.Permits
 	}
+	if req.GetLimit() != nil && req.GetLease() {
+		return shard.Grant{}, rule.Invalid("limit: a lease takes the rule's limit; send limit without lease")
+	}
 	// A key whose state is in flight is decided by its old owner, or
 	// waits for the state within the caller's time (handoff.go).
 	if done, err := n.handoffDecide(ctx, c, epoch, req, resp); done || err != nil {
@@ -76,7 +80,9 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	}
 	var d shard.Decision
 	n.installReplica(c, req.GetKey()) // durable rules: continue from a copy (replica.go)
-	if req.GetLease() {
+	if l := req.GetLimit(); l != nil {
+		d, err = n.buckets.AcquireInline(c, req.GetKey(), inlineLimit(l), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
+	} else if req.GetLease() {
 		d, err = n.buckets.AcquireLease(c, req.GetKey(), permits, n.now())
 	} else {
 		d, err = n.buckets.Acquire(c, req.GetKey(), bucket.Request{Permits: permits, Partial: req.GetPartial(), MaxWait: req.GetMaxWaitNs()}, n.now())
@@ -106,6 +112,15 @@ func (n *Node) decide(ctx context.Context, t *rule.Table, epoch uint64, req *pb.
 	}
 	resp.ShadowDenied = d.ShadowDenied
 	return d.Grant, nil
+}
+
+// inlineLimit is the rule form of a request's limit.
+func inlineLimit(l *pb.InlineLimit) rule.InlineLimit {
+	alg := bucket.Algorithm(l.GetAlgorithm())
+	if l.GetAlgorithm() < 0 || l.GetAlgorithm() > pb.Algorithm(bucket.Concurrency) {
+		alg = bucket.Algorithm(255) // unknown: differs from every rule's
+	}
+	return rule.InlineLimit{Algorithm: alg, Limit: l.GetLimit(), Period: time.Duration(l.GetPeriodNs()), Burst: l.GetBurst()}
 }
 
 // AcquireToken implements pb.TokenServiceServer.
@@ -153,6 +168,12 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	if len(items) > MaxBatch {
 		return nil, toError(failf(ErrBadRequest, "requests has %d items, above the limit of %d per call", len(items), MaxBatch))
 	}
+	aon := req.GetAllOrNothing()
+	if aon {
+		if err := checkAllOrNothing(items); err != nil {
+			return nil, toError(err)
+		}
+	}
 	s.n.metrics.batch.Observe(float64(len(items)))
 	v := s.n.data.View()
 	fwd := forwarded(ctx)
@@ -174,6 +195,10 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	if !fwd {
 		avoid = s.n.avoided(ctx, v)
 	}
+	var local []bool // all_or_nothing: the items decided here
+	if aon {
+		local = make([]bool, len(items))
+	}
 	for i, it := range items {
 		out.Results[i] = &results[i]
 		if !fwd {
@@ -188,6 +213,9 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 				remote[owner.ID] = append(remote[owner.ID], i)
 				continue
 			}
+		}
+		if local != nil {
+			local[i] = true
 		}
 		g, err := s.n.decide(ctx, t, v.Epoch, it, &resps[i])
 		if err != nil {
@@ -210,6 +238,9 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	}
 	if remote != nil {
 		s.n.forwardBatch(ctx, v, items, remote, out.Results)
+	}
+	if aon {
+		s.settleAllOrNothing(ctx, items, out, local)
 	}
 	return out, nil
 }

@@ -75,7 +75,7 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 			r, _ := bucket.New(cfg, now).Debit(cfg, now, 0)
 			return CommitResult{CommitResult: r, Settled: true}, nil
 		}
-	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
 		return CommitResult{}, err
 	}
 	defer e.mu.Unlock()
@@ -85,8 +85,15 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 	if e.rule.Rule.Generation != c.Rule.Generation {
 		return CommitResult{}, fmt.Errorf("grant %q is of an earlier generation of rule %q: %w", grantID, c.Rule.Name, ErrGrantNotFound)
 	}
-	cfg = c.ConfigFor(key)
+	cfg = e.config(key)
 	m.follow(e, cfg, now)
+	if w := c.Rule.ReservationWindow(cfg); w != window {
+		// The bucket is under a request's limit, of another window.
+		if window = w; now >= addSat(g.IssuedAt, window) {
+			return CommitResult{}, fmt.Errorf("grant %q was made %v ago, past the reservation TTL %v of rule %q: it stays charged at its estimate of %d, nothing changed: %w",
+				grantID, time.Duration(now-g.IssuedAt), time.Duration(window), c.Rule.Name, g.Permits, ErrGrantExpired)
+		}
+	}
 	if e.refilled.has(g.Nonce) {
 		r, _ := e.b.Debit(cfg, now, 0)
 		return CommitResult{CommitResult: r}, nil
@@ -124,4 +131,49 @@ func (l *refillLog) has(nonce uint64) bool {
 		}
 	}
 	return false
+}
+
+// Debit charges n >= 0 permits on the bucket of (c, key) that had no
+// reservation, even past what it holds (bucket.Bucket.Debit: the debt is
+// repaid before anything else is granted), creating the bucket against
+// the caps when n > 0: a commit without a reservation, on the same
+// accounting as Acquire and Commit. It is Envoy's hits_addend on the
+// response path, for the algorithms that take commits; others are
+// rule.ErrInvalid.
+func (m *Map) Debit(c *rule.Compiled, key string, n int64, now int64) (bucket.CommitResult, error) {
+	if n < 0 {
+		return bucket.CommitResult{}, rule.Invalid("debit must be >= 0, got %d", n)
+	}
+	c, err := current(c)
+	if err != nil {
+		return bucket.CommitResult{}, err
+	}
+	cfg := c.ConfigFor(key)
+	if !bucket.OffersCommit(cfg.Algorithm) {
+		return bucket.CommitResult{}, rule.Invalid("rule %q is %s, which takes no debit: %v", c.Rule.Name, cfg.Algorithm, bucket.ErrNoCommit)
+	}
+	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
+	bk := bucketKey(arr[:0], c.Rule.Name, key)
+	sh, h := m.shardOf(bk)
+	var e *entry
+	if n == 0 {
+		if e = m.lookup(sh, h, bk); e == nil {
+			return bucket.New(cfg, now).Debit(cfg, now, 0)
+		}
+	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
+		return bucket.CommitResult{}, err
+	}
+	defer e.mu.Unlock()
+	if c, err = m.resolve(e, c, key, now); err != nil {
+		return bucket.CommitResult{}, err
+	}
+	cfg = e.config(key)
+	m.follow(e, cfg, now)
+	before := e.bytes()
+	r, err := e.b.Debit(cfg, now, n)
+	m.charge(c, e.bytes()-before)
+	if err != nil {
+		return bucket.CommitResult{}, rule.Invalid("debit: %v", err)
+	}
+	return r, nil
 }

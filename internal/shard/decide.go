@@ -69,7 +69,54 @@ func CheckRequest(cfg *bucket.Config, req bucket.Request) error {
 // Decision with Allowed false, not an error; errors are rule.ErrInvalid for a
 // bad request, ErrBucketCap and ErrMaxKeys for a new key past a cap.
 func (m *Map) Acquire(c *rule.Compiled, key string, req bucket.Request, now int64) (Decision, error) {
-	return m.acquire(c, key, req, false, now)
+	return m.acquire(c, key, nil, req, false, now)
+}
+
+// AcquireInline is Acquire under a limit carried in the request (see
+// rule.InlineLimit): the key's one bucket is resized to it (unless an
+// override of the key applies, which wins) and judged by it; its later
+// commits, refills and idle checks use it until another acquire of the
+// key brings another limit or none. A limit the rule's inline policy
+// refuses is rule.ErrInvalid and changes nothing.
+func (m *Map) AcquireInline(c *rule.Compiled, key string, l rule.InlineLimit, req bucket.Request, now int64) (Decision, error) {
+	c, err := current(c)
+	if err != nil {
+		return Decision{}, err
+	}
+	inl, err := c.Inline(l)
+	if err != nil {
+		return Decision{}, err
+	}
+	return m.acquire(c, key, &inlineReq{limit: l, by: c, cfg: inl}, req, false, now)
+}
+
+// inlineReq is a request's limit: as asked, and as configured under the
+// rule version (by) that validated it. It stays on the caller's stack: the
+// bucket keeps a copy (see followInline).
+type inlineReq struct {
+	limit rule.InlineLimit
+	by    *rule.Compiled
+	cfg   bucket.Config
+}
+
+// configFor is the configuration that judges key under c: c's
+// configuration for the key, or, when useInl, inl.cfg (a request limit
+// applies when the request carries one and no override of the key does;
+// the operator's override wins). inl is revalidated under c when another
+// version validated it.
+func configFor(c *rule.Compiled, key string, inl *inlineReq) (cfg *bucket.Config, useInl bool, err error) {
+	cfg = c.ConfigFor(key)
+	if inl == nil || cfg != &c.Config {
+		return cfg, false, nil
+	}
+	if inl.by != c {
+		v, err := c.Inline(inl.limit)
+		if err != nil {
+			return nil, false, err
+		}
+		inl.by, inl.cfg = c, v
+	}
+	return cfg, true, nil
 }
 
 // Lease policy: under LeaseLowShare of capacity, a lease gets at most
@@ -92,38 +139,61 @@ func (m *Map) AcquireLease(c *rule.Compiled, key string, want int64, now int64) 
 	if want < 1 {
 		return Decision{}, rule.Invalid("a lease wants permits >= 1, got %d", want)
 	}
-	return m.acquire(c, key, bucket.Request{Permits: want, Partial: true}, true, now)
+	return m.acquire(c, key, nil, bucket.Request{Permits: want, Partial: true}, true, now)
 }
 
 // acquire finds the rule version and the bucket that judge req, and has
 // decide judge it under the bucket's lock.
-func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bool, now int64) (Decision, error) {
+func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request, lease bool, now int64) (Decision, error) {
 	c, err := current(c)
 	if err != nil {
 		return Decision{}, err
 	}
-	cfg := c.ConfigFor(key)
-	if err := CheckRequest(cfg, req); err != nil {
-		return Decision{}, err
-	}
-	if c.Allowed(key) {
-		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: cfg.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
-	}
-	if c.Denied(key) {
-		d := Decision{Result: bucket.Result{RetryAfter: cfg.Period}, Reason: ReasonDenyList, Rule: c}
-		shadow(c, &d, req)
-		return d, nil
+	if c.Allowed(key) || c.Denied(key) {
+		return listed(c, key, inl, req)
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	sh, h := m.shardOf(bk)
-	var e *entry
-	if req.Permits == 0 { // a peek creates nothing
-		if e = m.lookup(sh, h, bk); e == nil {
-			return Decision{Result: bucket.New(cfg, now).Acquire(cfg, now, req), Reason: ReasonLimit, Rule: c}, nil
+	// j.cfg is the rule's (the bucket may keep it); the request's own
+	// limit, when j.inline, is inl.cfg, which only check points at, so
+	// that it never leaves the stack. A bucket already judged by c under
+	// the same runtime overrides answers without the override lookup.
+	var j judge
+	e := m.lookup(sh, h, bk)
+	if e != nil && e.rule == c && e.stamp == c.Stamp() {
+		err = j.cached(e, c, inl)
+	} else {
+		err = j.lookup(c, key, inl)
+	}
+	check := j.cfg
+	if j.inline {
+		check = &inl.cfg
+	}
+	if err == nil {
+		err = CheckRequest(check, req)
+	}
+	if err != nil {
+		if e != nil {
+			e.mu.Unlock()
 		}
-	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
 		return Decision{}, err
+	}
+	if e == nil {
+		if req.Permits == 0 { // a peek creates nothing
+			if j.inline {
+				pc := inl.cfg // a copy: inl stays on the stack
+				return Decision{Result: bucket.New(&pc, now).Acquire(&pc, now, req), Reason: ReasonLimit, Rule: c}, nil
+			}
+			return Decision{Result: bucket.New(j.cfg, now).Acquire(j.cfg, now, req), Reason: ReasonLimit, Rule: c}, nil
+		}
+		var init *bucket.Config
+		if j.inline {
+			init = &inl.cfg
+		}
+		if e, err = m.lookupOrCreate(sh, h, bk, c, j.cfg, init, now); err != nil {
+			return Decision{}, err
+		}
 	}
 	// Look again under the bucket's lock: a sweep drops a bucket of a gone
 	// rule only after the rule learnt its successor, so this sees it.
@@ -131,26 +201,32 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 		e.mu.Unlock()
 		return Decision{}, err
 	} else if l != c {
-		c, cfg = l, l.ConfigFor(key)
-		if err := CheckRequest(cfg, req); err != nil {
+		c = l
+		if err = j.recheck(c, key, inl, req); err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
 	}
 	if e.rule != c {
-		j, err := m.resolve(e, c, key, now)
-		if err == nil && j != c {
+		v, err := m.resolve(e, c, key, now)
+		if err == nil && v != c {
 			// The bucket is at a newer version than the caller's: it is
 			// judged by that one (a bucket never moves back).
-			c, cfg = j, j.ConfigFor(key)
-			err = CheckRequest(cfg, req)
+			c = v
+			err = j.recheck(c, key, inl, req)
 		}
 		if err != nil {
 			e.mu.Unlock()
 			return Decision{}, err
 		}
 	}
-	m.follow(e, cfg, now)
+	cfg := j.cfg
+	if j.inline {
+		cfg = m.followInline(e, &inl.cfg, now)
+	} else {
+		m.follow(e, cfg, now)
+	}
+	e.stamp = j.stamp
 	d, err := m.decide(e, c, cfg, req, lease, now)
 	e.mu.Unlock()
 	if err != nil {
@@ -162,6 +238,78 @@ func (m *Map) acquire(c *rule.Compiled, key string, req bucket.Request, lease bo
 	d.Rule = c
 	shadow(c, &d, req)
 	return d, nil
+}
+
+// listed answers a key on c's allow or deny list, which has no bucket.
+func listed(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request) (Decision, error) {
+	var j judge
+	if err := j.recheck(c, key, inl, req); err != nil {
+		return Decision{}, err
+	}
+	check := j.cfg
+	if j.inline {
+		check = &inl.cfg
+	}
+	if c.Allowed(key) {
+		return Decision{Result: bucket.Result{Allowed: true, Granted: req.Permits, Remaining: check.Capacity()}, Reason: ReasonAllowList, Rule: c}, nil
+	}
+	d := Decision{Result: bucket.Result{RetryAfter: check.Period}, Reason: ReasonDenyList, Rule: c}
+	shadow(c, &d, req)
+	return d, nil
+}
+
+// judge is the configuration an acquire is judged by.
+type judge struct {
+	// cfg is the rule version's configuration for the key (an override's
+	// or the default), as of stamp.
+	cfg   *bucket.Config
+	stamp *rule.Stamp
+	// inline: the request's limit applies (inl.cfg, which j does not
+	// point at: it stays on the stack).
+	inline bool
+}
+
+// lookup fills j for key under c: the stamp first, then the lookup, so
+// that an override written in between changes the stamp after the one
+// j keeps.
+func (j *judge) lookup(c *rule.Compiled, key string, inl *inlineReq) error {
+	j.stamp = c.Stamp()
+	var err error
+	j.cfg, j.inline, err = configFor(c, key, inl)
+	return err
+}
+
+// cached fills j from e, a bucket judged by c under c's current stamp:
+// its configuration is c's for the key, unless it holds a request's
+// limit, which applies only where c's default does. e.mu is held.
+func (j *judge) cached(e *entry, c *rule.Compiled, inl *inlineReq) error {
+	j.stamp, j.cfg = e.stamp, e.cfg
+	if e.inl != nil && e.cfg == e.inl {
+		j.cfg = &c.Config
+	}
+	if inl == nil || j.cfg != &c.Config {
+		return nil
+	}
+	if inl.by != c {
+		v, err := c.Inline(inl.limit)
+		if err != nil {
+			return err
+		}
+		inl.by, inl.cfg = c, v
+	}
+	j.inline = true
+	return nil
+}
+
+// recheck is lookup and CheckRequest under another version c.
+func (j *judge) recheck(c *rule.Compiled, key string, inl *inlineReq, req bucket.Request) error {
+	if err := j.lookup(c, key, inl); err != nil {
+		return err
+	}
+	if j.inline {
+		return CheckRequest(&inl.cfg, req)
+	}
+	return CheckRequest(j.cfg, req)
 }
 
 // decide judges req on e's bucket under rule version c (e's own) and cfg

@@ -255,7 +255,7 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	sh, h := m.shardOf(bk)
 	e := m.lookup(sh, h, bk)
 	if e == nil {
-		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
 			return false, fmt.Errorf("import rule %q: %w", s.Rule, err)
 		}
 		if e.seq == e.first-1 && s.First != 0 { // made for this import: the grants of the moved bucket are its own

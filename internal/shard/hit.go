@@ -29,7 +29,7 @@ func (m *Map) Hit(c *rule.Compiled, key string, n int64, now int64) (bucket.HitR
 		if e = m.lookup(sh, h, bk); e == nil {
 			return bucket.Hit(bucket.New(cfg, now), cfg, now, 0)
 		}
-	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, now); err != nil {
+	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
 		return bucket.HitResult{}, err
 	}
 	if e.rule != c {

@@ -101,6 +101,14 @@ type entry struct {
 	// cfg is the configuration the bucket was last judged by; a runtime
 	// override changes it without a new rule version (see follow).
 	cfg *bucket.Config
+	// inl is the limit carried by the request that last acquired from the
+	// bucket (a copy of its configuration), while cfg is inl; nil when
+	// that request carried none.
+	inl *bucket.Config
+	// stamp is the stamp of rule's runtime overrides under which cfg (or,
+	// while cfg is inl, rule's default) was found for the key: while it
+	// holds, an acquire needs no override lookup. nil: none.
+	stamp *rule.Stamp
 	// penaltyUntil is the end of the key's penalty lock-out.
 	penaltyUntil int64
 	// refilled records grants already given back (windows and buckets;
@@ -174,8 +182,9 @@ func (m *Map) lookup(sh *shard, h uint64, bk []byte) *entry {
 }
 
 // lookupOrCreate returns the entry of bk, locked, creating it (against the
-// caps) when there is none.
-func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, cfg *bucket.Config, now int64) (*entry, error) {
+// caps) when there is none: under cfg (which it keeps), or under a copy of
+// inl, a request's limit, when inl is not nil.
+func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, cfg, inl *bucket.Config, now int64) (*entry, error) {
 	if e := m.lookup(sh, h, bk); e != nil {
 		return e, nil
 	}
@@ -184,6 +193,12 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 		sh.mu.Unlock()
 		return e, nil
 	}
+	var own *bucket.Config
+	if inl != nil {
+		own = new(bucket.Config)
+		*own = *inl
+		cfg = own
+	}
 	size := entryFixed + keyBytes(len(bk)) + bucket.InitialBytes(cfg)
 	if err := m.admitNew(sh, c, size, now); err != nil {
 		sh.mu.Unlock()
@@ -191,7 +206,7 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 	}
 	b := bucket.New(cfg, now) // after admission: a refused key allocates nothing
 	first := max(uint64(now), m.dropped.Load()+1)
-	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c, cfg: cfg}
+	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c, cfg: cfg, inl: own}
 	e.mu.Lock()
 	sh.insert(m.seed, h, e)
 	sh.mu.Unlock()

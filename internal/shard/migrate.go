@@ -52,7 +52,7 @@ func (m *Map) update(e *entry, c *rule.Compiled, key string, now int64) error {
 	if c.Rule.Penalty == 0 {
 		e.penaltyUntil = 0
 	}
-	e.rule, e.cfg = c, newCfg
+	e.rule, e.cfg, e.stamp = c, newCfg, nil
 	if sameGen {
 		m.charge(c, e.bytes()-before)
 	} else {
@@ -77,9 +77,10 @@ func (m *Map) moveKey(old, c *rule.Compiled) error {
 }
 
 // follow moves e to cfg, the configuration that now applies to its key
-// under its own rule version, when a runtime override changed it since
-// the bucket was last judged: the state is kept, clamped to the new
-// capacity, as for a rule change. e.mu is held.
+// under its own rule version, when a runtime override (or a request's
+// limit, see followInline) changed it since the bucket was last judged:
+// the state is kept, clamped to the new capacity, as for a rule change.
+// e.mu is held.
 func (m *Map) follow(e *entry, cfg *bucket.Config, now int64) {
 	if e.cfg == cfg {
 		return
@@ -90,4 +91,30 @@ func (m *Map) follow(e *entry, cfg *bucket.Config, now int64) {
 		m.charge(e.rule, e.bytes()-before)
 	}
 	e.cfg = cfg
+}
+
+// followInline is follow to a request's limit: e keeps a copy of src
+// (which stays the caller's) while requests bring that limit, and
+// returns it. e.mu is held.
+func (m *Map) followInline(e *entry, src *bucket.Config, now int64) *bucket.Config {
+	if e.inl != nil && e.cfg == e.inl && *e.inl == *src {
+		return e.inl
+	}
+	next := new(bucket.Config) // a new one: e.cfg may be e.inl
+	*next = *src
+	m.follow(e, next, now)
+	e.inl = next
+	return next
+}
+
+// config is the configuration e is judged by, for its key: the limit of
+// the request that last acquired from it when that request carried one
+// (see AcquireInline), else its rule's for key. Settlements (commits,
+// refills) and idle checks use it, so that they never resize the bucket
+// of a request's limit back to the rule's. e.mu is held.
+func (e *entry) config(key string) *bucket.Config {
+	if e.inl != nil && e.cfg == e.inl && e.rule.ConfigFor(key) == &e.rule.Config {
+		return e.inl
+	}
+	return e.rule.ConfigFor(key)
 }

@@ -67,7 +67,7 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	if c, err = m.resolve(e, c, key, now); err != nil { // same generation: never fails
 		return 0, 0, err
 	}
-	cfg = c.ConfigFor(key)
+	cfg = e.config(key)
 	m.follow(e, cfg, now)
 	if g.Nonce < e.first {
 		// The grant belongs to an earlier bucket of the key, evicted
@@ -169,8 +169,8 @@ func (m *Map) peek(c *rule.Compiled, bk []byte, cfg *bucket.Config, now int64) i
 		return bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining
 	}
 	key := string(bk[len(c.Rule.Name)+1:])
-	c, _ = m.resolve(e, c, key, now) // same generation: never fails
-	return e.b.Acquire(c.ConfigFor(key), now, bucket.Request{}).Remaining
+	_, _ = m.resolve(e, c, key, now) // same generation: never fails
+	return e.b.Acquire(e.config(key), now, bucket.Request{}).Remaining
 }
 
 // Renew extends the concurrency lease named by grantID by the rule's period
@@ -201,8 +201,8 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	if e.rule.Rule.Generation != c.Rule.Generation || g.Nonce < e.first {
 		return false, nil // a lease of an earlier bucket of the key
 	}
-	c, _ = m.resolve(e, c, key, now) // same generation: never fails
-	if cfg = c.ConfigFor(key); cfg.Algorithm != bucket.Concurrency {
+	_, _ = m.resolve(e, c, key, now) // same generation: never fails
+	if cfg = e.config(key); cfg.Algorithm != bucket.Concurrency {
 		return false, nil
 	}
 	return e.b.Renew(cfg, now, bucket.Grant{IssuedAt: g.IssuedAt, Permits: g.Permits, LeaseID: g.Nonce}), nil

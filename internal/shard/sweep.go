@@ -10,7 +10,7 @@ import (
 // penalty, no grant that could still be refilled twice; e.mu is held.
 func (e *entry) idle(now int64) bool {
 	key := e.key[len(e.rule.Rule.Name)+1:]
-	return now >= e.penaltyUntil && !e.refilled.live(now) && e.b.Idle(e.rule.ConfigFor(key), now)
+	return now >= e.penaltyUntil && !e.refilled.live(now) && e.b.Idle(e.config(key), now)
 }
 
 // evictIdle drops up to limit idle entries of sh, looking at no more than

@@ -639,7 +639,9 @@ func (x *InlinePolicy) GetMaxPeriod() *durationpb.Duration {
 
 // InlineLimit is a limit carried in a request (seed 001's
 // acquire_token(user, item, amount, limit)), allowed by the rule's inline
-// policy and capped by it.
+// policy and capped by it (InvalidArgument naming the cap otherwise). The
+// key keeps one bucket whatever limit its requests carry: another limit
+// resizes it, what was spent stays spent. An override of the key wins.
 type InlineLimit struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Algorithm Algorithm              `protobuf:"varint,1,opt,name=algorithm,proto3,enum=tokenserver.v1.Algorithm" json:"algorithm,omitempty"`
@@ -1121,8 +1123,14 @@ type AcquireTokensRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// At most 1000.
 	Requests []*AcquireTokenRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
-	// Every item is granted or none is: granted items are given back when
-	// any item is denied or fails.
+	// Every item is granted or none is: each item is reserved on its key's
+	// owner, and the granted ones are given back (by grant id) and answered
+	// denied when any item is denied or fails. It never over-admits. It may
+	// briefly under-admit by the permits of the given-back items: they are
+	// held until the give-back (one round trip to their owners), and a
+	// give-back that cannot reach its owner leaves them spent until the
+	// key's bucket refills them (at most one period). Items with `partial`
+	// or `lease` are refused (InvalidArgument) before anything is decided.
 	AllOrNothing  bool `protobuf:"varint,2,opt,name=all_or_nothing,json=allOrNothing,proto3" json:"all_or_nothing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
