@@ -37,9 +37,10 @@ type Peers struct {
 
 // peerState is what a node learned of one member callers avoid.
 type peerState struct {
-	healthy  bool // the last check answered SERVING
-	checked  time.Time
-	checking bool
+	healthy bool // the last check answered SERVING
+	checked time.Time
+	// inflight is closed when the check under way ends; nil when none is.
+	inflight chan struct{}
 }
 
 // How often, and how long, a node checks a member that callers avoid.
@@ -174,23 +175,60 @@ func (p *Peers) JoinVia(ctx context.Context, addrs []string, self cluster.Member
 func (p *Peers) avoidable(m cluster.Member) bool {
 	p.healthMu.Lock()
 	defer p.healthMu.Unlock()
+	st := p.stateLocked(m)
+	return !st.healthy
+}
+
+// down reports whether member m is down as this node sees it: its member
+// health check, from this node, did not answer SERVING. Unlike avoidable
+// it takes no claim on trust: without a check result younger than
+// peerCheckInterval it waits for one (at most peerCheckTimeout, and ctx),
+// and a check it could not wait for counts as "not down". A next owner
+// asks it before it decides a key whose owner a forwarding node could not
+// reach (see route): that node's broken connection is no proof.
+func (p *Peers) down(ctx context.Context, m cluster.Member) bool {
+	p.healthMu.Lock()
+	st := p.stateLocked(m)
+	if !st.checked.IsZero() && time.Since(st.checked) <= peerCheckInterval {
+		healthy := st.healthy
+		p.healthMu.Unlock()
+		return !healthy
+	}
+	wait := st.inflight
+	p.healthMu.Unlock()
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		return false
+	}
+	p.healthMu.Lock()
+	defer p.healthMu.Unlock()
+	return !st.healthy
+}
+
+// stateLocked returns what this node learned of m, starting a check in
+// the background when the last one is older than peerCheckInterval and
+// none is under way; p.healthMu is held.
+func (p *Peers) stateLocked(m cluster.Member) *peerState {
 	st := p.health[m.ID]
 	if st == nil {
 		st = &peerState{}
 		p.health[m.ID] = st
 	}
-	if !st.checking && time.Since(st.checked) > peerCheckInterval {
-		st.checking = true
+	if st.inflight == nil && time.Since(st.checked) > peerCheckInterval {
+		done := make(chan struct{})
+		st.inflight = done
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), peerCheckTimeout)
 			ok := p.healthOf(ctx, m.ID, m.GRPCAddr)
 			cancel()
 			p.healthMu.Lock()
-			st.healthy, st.checked, st.checking = ok, time.Now(), false
+			st.healthy, st.checked, st.inflight = ok, time.Now(), nil
 			p.healthMu.Unlock()
+			close(done)
 		}()
 	}
-	return !st.healthy
+	return st
 }
 
 // close closes every connection.
