@@ -338,6 +338,10 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("read raft state: %w", err)
 	}
 	n.state.Store(has)
+	if removalRecorded(n.bolt, cfg.NodeID) {
+		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
+		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)
+	}
 	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Listener: cfg.RaftListener, Logger: log, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
 		ServerTLS: cfg.PeerServerTLS, ClientTLS: cfg.PeerClientTLS}); err != nil {
 		return nil, err
@@ -351,6 +355,7 @@ func Open(cfg Config) (*Node, error) {
 	n.raftUp.Store(true)
 	if has && n.removedAtStart() {
 		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
+		n.recordRemoved()
 		_ = n.raft.Shutdown().Error()
 		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)
 	}
