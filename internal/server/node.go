@@ -305,15 +305,25 @@ func (n *Node) runJoin() {
 // (health NOT_SERVING), leaves the routing view through the leader so that
 // its keys move to their next owners and clients re-route, keeps answering
 // (and forwarding) for DrainLinger while clients hear of the new view, lets
-// calls in flight finish for up to ShutdownGrace, hands over leadership if
-// it leads, and closes everything. It is safe to call twice.
+// calls in flight finish, hands over leadership if it leads, and closes
+// everything. It is safe to call twice.
+//
+// Stop returns within ShutdownGrace (at least minStopClose) whatever the
+// network does: leaving the view, the linger and the calls in flight end
+// stopCloseReserve before it, and every closing step after them (Raft and
+// its transport, the HTTP server, the node's goroutines, the peer
+// connections) is waited for only until it; a step still blocked then (a
+// write to a frozen peer, a leadership transfer to no one) is abandoned,
+// logged, and left to the process's exit.
 func (n *Node) Stop() {
 	n.stopOnce.Do(func() {
 		start := time.Now()
+		closeBy := start.Add(max(n.cfg.ShutdownGrace, minStopClose))
+		gracefulBy := start.Add(n.cfg.ShutdownGrace - stopCloseReserve(n.cfg.ShutdownGrace))
 		n.log.Info("tokenserver stopping: leaving the routing view first", "node", n.data.ID())
 		n.draining.Store(true)
 		n.updateHealth()
-		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		ctx, cancel := context.WithDeadline(context.Background(), gracefulBy)
 		if err := n.control.Drain(ctx); err != nil {
 			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
 		} else if n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
@@ -330,28 +340,58 @@ func (n *Node) Stop() {
 		go func() { n.grpc.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
-		case <-time.After(max(0, n.cfg.ShutdownGrace-time.Since(start))):
+		case <-time.After(time.Until(gracefulBy)):
 			n.grpc.Stop()
 		}
 		// Leave Raft last (a leader hands over leadership first), so that
 		// calls in flight could still be forwarded and rules still read.
-		if err := n.control.Close(); err != nil {
-			n.log.Warn("leaving the cluster", "err", err)
-		}
+		n.within(closeBy, "leave the cluster (raft and its transport)", func() {
+			if err := n.control.Close(); err != nil {
+				n.log.Warn("leaving the cluster", "err", err)
+			}
+		})
 		n.mu.Lock()
 		hs, ps := n.httpSrv, n.pprofSrv
 		n.mu.Unlock()
 		if hs != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
-			_ = hs.Shutdown(ctx)
+			ctx, cancel := context.WithDeadline(context.Background(), closeBy)
+			n.within(closeBy, "stop the HTTP server", func() { _ = hs.Shutdown(ctx) })
 			cancel()
 		}
 		if ps != nil {
-			_ = ps.Close()
+			n.within(closeBy, "stop the pprof server", func() { _ = ps.Close() })
 		}
-		n.wg.Wait()
-		n.peers.close()
+		n.within(closeBy, "end the node's background work", n.wg.Wait)
+		n.within(closeBy, "close the peer connections", n.peers.close)
 	})
+}
+
+// minStopClose is the least time Stop gives its closing steps: with a
+// ShutdownGrace below it, Stop may take this long.
+const minStopClose = 500 * time.Millisecond
+
+// stopCloseReserve is the part of ShutdownGrace kept for the closing
+// steps after the calls in flight: a quarter, at most 2 s.
+func stopCloseReserve(grace time.Duration) time.Duration {
+	return min(grace/4, 2*time.Second)
+}
+
+// within runs step and waits for it until by; a step still running then
+// is abandoned (it goes on in the background) and logged, so that a
+// socket that never answers cannot hold the node's exit.
+func (n *Node) within(by time.Time, what string, step func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		step()
+	}()
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		n.log.Warn("shutdown step abandoned: it did not end within --shutdown-grace", "step", what)
+	}
 }
 
 // sweep evicts idle buckets, and forgets the decision counts of rule

@@ -231,13 +231,22 @@ func (p *Peers) stateLocked(m cluster.Member) *peerState {
 	return st
 }
 
-// close closes every connection.
+// close closes every connection, all at once: closing one waits for its
+// writer (up to gRPC's GOAWAY timeout on a connection that a frozen peer
+// no longer reads), and one such peer must not hold up the others. The
+// caller bounds the wait (Node.Stop).
 func (p *Peers) close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.closed = true
+	conns := make([]*grpc.ClientConn, 0, len(p.conns))
 	for _, c := range p.conns {
-		c.Close()
+		conns = append(conns, c)
 	}
 	clear(p.conns)
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() { c.Close() })
+	}
+	wg.Wait()
 }
