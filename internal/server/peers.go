@@ -47,6 +47,9 @@ type peerState struct {
 const (
 	peerCheckInterval = time.Second
 	peerCheckTimeout  = 300 * time.Millisecond
+	// peerDownFor is how long a failed check answers Peers.down while
+	// newer checks run.
+	peerDownFor = 5 * peerCheckInterval
 )
 
 // NewPeers returns a pool that dials with mutual TLS over tlsCfg
@@ -183,13 +186,15 @@ func (p *Peers) avoidable(m cluster.Member) bool {
 // health check, from this node, did not answer SERVING. Unlike avoidable
 // it takes no claim on trust: without a check result younger than
 // peerCheckInterval it waits for one (at most peerCheckTimeout, and ctx),
-// and a check it could not wait for counts as "not down". A next owner
+// and a check it could not wait for counts as "not down". A failed check
+// stays an answer for peerDownFor while the next one runs, so that calls
+// for a dead member's keys do not each wait for a check. A next owner
 // asks it before it decides a key whose owner a forwarding node could not
 // reach (see route): that node's broken connection is no proof.
 func (p *Peers) down(ctx context.Context, m cluster.Member) bool {
 	p.healthMu.Lock()
 	st := p.stateLocked(m)
-	if !st.checked.IsZero() && time.Since(st.checked) <= peerCheckInterval {
+	if age := time.Since(st.checked); !st.checked.IsZero() && (age <= peerCheckInterval || !st.healthy && age <= peerDownFor) {
 		healthy := st.healthy
 		p.healthMu.Unlock()
 		return !healthy
