@@ -78,6 +78,11 @@ func TestIssue20Item16_SIGTERMWithAFrozenPeer(t *testing.T) {
 	case <-lp.exited:
 		took := time.Since(start)
 		t.Logf("exited %v after SIGTERM (grace %v)", took.Round(time.Millisecond), grace)
+		for _, line := range strings.Split(lp.logs.String(), "\n") {
+			if strings.Contains(line, "stopping") || strings.Contains(line, "abandoned") || strings.Contains(line, "blocked") || strings.Contains(line, "leadership") || strings.Contains(line, "routing view") {
+				t.Logf("node log: %s", line)
+			}
+		}
 		if took > grace+margin {
 			t.Fatalf("exit took %v, grace %v", took, grace)
 		}

@@ -344,8 +344,11 @@ func (n *Node) Stop() {
 			n.grpc.Stop()
 		}
 		// Leave Raft last (a leader hands over leadership first), so that
-		// calls in flight could still be forwarded and rules still read.
-		n.within(closeBy, "leave the cluster (raft and its transport)", func() {
+		// calls in flight could still be forwarded and rules still read,
+		// and before the peer connections close (the leader's member
+		// health checks use them). The steps after it run at once, so a
+		// Raft shutdown that takes the grace leaves them their share.
+		n.within(closeBy.Add(-stopTail(time.Until(closeBy))), "leave the cluster (raft and its transport)", func() {
 			if err := n.control.Close(); err != nil {
 				n.log.Warn("leaving the cluster", "err", err)
 			}
@@ -353,17 +356,33 @@ func (n *Node) Stop() {
 		n.mu.Lock()
 		hs, ps := n.httpSrv, n.pprofSrv
 		n.mu.Unlock()
-		if hs != nil {
-			ctx, cancel := context.WithDeadline(context.Background(), closeBy)
-			n.within(closeBy, "stop the HTTP server", func() { _ = hs.Shutdown(ctx) })
-			cancel()
+		hctx, hcancel := context.WithDeadline(context.Background(), closeBy)
+		defer hcancel()
+		var wg sync.WaitGroup
+		for what, step := range map[string]func(){
+			"stop the HTTP server": func() {
+				if hs != nil {
+					_ = hs.Shutdown(hctx)
+				}
+			},
+			"stop the pprof server": func() {
+				if ps != nil {
+					_ = ps.Close()
+				}
+			},
+			"end the node's background work": n.wg.Wait,
+			"close the peer connections":     n.peers.close,
+		} {
+			wg.Go(func() { n.within(closeBy, what, step) })
 		}
-		if ps != nil {
-			n.within(closeBy, "stop the pprof server", func() { _ = ps.Close() })
-		}
-		n.within(closeBy, "end the node's background work", n.wg.Wait)
-		n.within(closeBy, "close the peer connections", n.peers.close)
+		wg.Wait()
 	})
+}
+
+// stopTail is the part of the time left for closing that Stop keeps for
+// the steps after Raft's: a quarter, at most 250 ms.
+func stopTail(left time.Duration) time.Duration {
+	return min(max(left, 0)/4, 250*time.Millisecond)
 }
 
 // minStopClose is the least time Stop gives its closing steps: with a
