@@ -4,15 +4,22 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // TestIssue20Item23_RemoveTheLeader removes the leader with tokenctl: the
-// command succeeds at once, the removed node reports not ready, and the
+// command succeeds at once, the removed node reports not ready and refuses
+// the data plane (FailedPrecondition), and the
 // node restarted on its old data dir says it was removed and exits
 // non-zero.
 func TestIssue20Item23_RemoveTheLeader(t *testing.T) {
@@ -20,6 +27,11 @@ func TestIssue20Item23_RemoveTheLeader(t *testing.T) {
 	l := c.leader("")
 	if l == "" {
 		t.Fatal("no leader")
+	}
+	pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer pcancel()
+	if _, err := c.admin(l).PutRule(pctx, &pb.PutRuleRequest{Rule: rulePB("r", 100)}); err != nil {
+		t.Fatal(err)
 	}
 	start := time.Now()
 	out, errs, code := ctl(t, c.grpc[l], "cluster", "remove", l, "--timeout", "20s")
@@ -39,6 +51,16 @@ func TestIssue20Item23_RemoveTheLeader(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode != http.StatusOK
 	})
+	// It decides nothing from its stale view: every key is refused, at
+	// once, saying why.
+	for i := range 20 {
+		actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.token(l).AcquireToken(actx, &pb.AcquireTokenRequest{Rule: "r", Key: fmt.Sprint("k", i)})
+		acancel()
+		if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.HasPrefix(st.Message(), "this node was removed from the cluster; ") {
+			t.Fatalf("acquire on the removed node: %v, want FailedPrecondition saying it was removed", err)
+		}
+	}
 	c.waitFor("a view of the two others", 20*time.Second, func() bool {
 		other := c.leader(l)
 		if other == "" {

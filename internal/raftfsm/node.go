@@ -338,6 +338,10 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("read raft state: %w", err)
 	}
 	n.state.Store(has)
+	if removalRecorded(n.bolt, cfg.NodeID) {
+		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
+		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)
+	}
 	if n.layer, err = newStreamLayerWith(streamOptions{Bind: cfg.RaftBind, Listener: cfg.RaftListener, Logger: log, Advertise: cfg.AdvertiseRaft, Probe: n.probeInfo, Dial: cfg.Dial,
 		ServerTLS: cfg.PeerServerTLS, ClientTLS: cfg.PeerClientTLS}); err != nil {
 		return nil, err
@@ -351,6 +355,7 @@ func Open(cfg Config) (*Node, error) {
 	n.raftUp.Store(true)
 	if has && n.removedAtStart() {
 		n.log.Error(removedMessage, "node", cfg.NodeID, "data_dir", cfg.DataDir)
+		n.recordRemoved()
 		_ = n.raft.Shutdown().Error()
 		return nil, fmt.Errorf("start from %s: %w", cfg.DataDir, ErrRemoved)
 	}
@@ -513,7 +518,9 @@ func (n *Node) apply(ctx context.Context, entry []byte) (applyResult, error) {
 func (n *Node) Raft() *raft.Raft { return n.raft }
 
 // Close leaves cleanly: a leader first hands leadership to another voter,
-// then Raft shuts down and the stores close.
+// then Raft shuts down and the stores close. A Raft shutdown still blocked
+// after shutdownUnblockAfter (a write to a peer that no longer reads) has
+// its connections closed under it, so that it ends.
 func (n *Node) Close() error {
 	var err error
 	n.closeOnce.Do(func() {
@@ -528,7 +535,21 @@ func (n *Node) Close() error {
 		if n.layer != nil {
 			n.layer.endDials()
 		}
-		if serr := n.raft.Shutdown().Error(); serr != nil {
+		shut := n.raft.Shutdown()
+		if n.layer != nil {
+			// raft's shutdown waits for its replication goroutines: one
+			// blocked in a write to a peer that no longer reads ends only
+			// when its connection does.
+			ended := make(chan struct{})
+			go func() { _ = shut.Error(); close(ended) }()
+			select {
+			case <-ended:
+			case <-time.After(shutdownUnblockAfter):
+				n.log.Warn("raft shutdown blocked on a peer connection: closing the Raft connections")
+				n.layer.abortConns()
+			}
+		}
+		if serr := shut.Error(); serr != nil {
 			err = fmt.Errorf("raft shutdown: %w", serr)
 		}
 		n.wg.Wait()
@@ -536,6 +557,10 @@ func (n *Node) Close() error {
 	})
 	return err
 }
+
+// shutdownUnblockAfter is how long Close lets raft shut down before it
+// closes the Raft connections under it.
+const shutdownUnblockAfter = 500 * time.Millisecond
 
 func (n *Node) closeStores() {
 	if c, ok := n.trans.(io.Closer); ok && c != nil {

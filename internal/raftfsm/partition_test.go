@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
 )
@@ -245,5 +250,65 @@ func TestIssue20Item23_RemovedFollowerStops(t *testing.T) {
 	defer cancel()
 	if err := f.Drain(ctx); err != nil {
 		t.Fatalf("drain of a removed node: %v", err)
+	}
+}
+
+// TestIssue20Item23_RemovalSurvivesCompaction: a removed node records its
+// removal in its data dir as soon as it learns of it, so that a restart
+// refuses even when every configuration that listed it was compacted
+// away (here: every configuration entry of the log is the latest one,
+// without it, and no snapshot names it).
+func TestIssue20Item23_RemovalSurvivesCompaction(t *testing.T) {
+	c := threeNodes(t)
+	f := c.follower()
+	id := f.ID()
+	if err := c.leader().RemoveMember(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removed follower knows", 10*time.Second, f.Removed)
+	latest, ok := f.configuration()
+	if !ok || f.listed(latest) {
+		t.Fatalf("the removed follower's latest configuration: %v, %v", latest, ok)
+	}
+	c.stop(id)
+	dir := c.config(id).DataDir
+
+	// Compact: every configuration that listed the node is gone (the log's
+	// configuration entries say the latest one, without it), and so are
+	// the snapshots.
+	s, err := openBolt(dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := s.FirstIndex()
+	last, _ := s.LastIndex()
+	for i := first; i <= last; i++ {
+		var l raft.Log
+		if err := s.GetLog(i, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Type == raft.LogConfiguration {
+			l.Data = raft.EncodeConfiguration(raft.Configuration{Servers: latest})
+			if err := s.StoreLog(&l); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !removalRecorded(s, id) {
+		t.Error("no removal record in the stable store")
+	}
+	s.Close()
+	if err := os.RemoveAll(filepath.Join(dir, "snapshots")); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := c.config(id)
+	cfg.JoinVia = c.reg.joinVia
+	n, err := Open(cfg)
+	if n != nil {
+		n.Close()
+	}
+	if !errors.Is(err, ErrRemoved) || !strings.Contains(err.Error(), "fresh --data-dir") {
+		t.Fatalf("restart of a removed node after compaction: %v, want ErrRemoved", err)
 	}
 }

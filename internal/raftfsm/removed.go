@@ -15,8 +15,13 @@ import (
 // Removal: a member removed from the Raft configuration stops deciding at
 // once. It reports not ready, Removed reports true (the server refuses
 // data-plane calls on it), and it idles: raft does not let a node outside
-// the configuration start an election. Restarted on its old data dir, it
-// refuses to start (ErrRemoved).
+// the configuration start an election. It records its removal in the data
+// dir's stable store (removedKey) as soon as it learns of it, so that,
+// restarted on its old data dir, it refuses to start (ErrRemoved) even
+// after the configurations that listed it were compacted into a snapshot
+// that no longer does; without the record (a removal learned only while
+// stopped), the latest configuration in the snapshot and the log decides
+// (removedAtStart).
 
 // ErrRemoved means this node was removed from the cluster: its data dir
 // belongs to a membership it no longer has.
@@ -70,10 +75,33 @@ func (n *Node) checkRemoved() {
 	default:
 		if n.removed.CompareAndSwap(false, true) {
 			n.log.Error(removedMessage, "node", n.cfg.NodeID)
+			n.recordRemoved()
 			next := make(chan struct{}) // wake waiters on the leader signal
 			close(*n.leaderSig.Swap(&next))
 		}
 	}
+}
+
+// removedKey is the stable-store key under which a node records that it
+// was removed (its value: the node id).
+var removedKey = []byte("tokenserver_removed")
+
+// recordRemoved writes the removal record into the data dir's stable
+// store; a node in memory has nothing to record.
+func (n *Node) recordRemoved() {
+	if n.bolt == nil {
+		return
+	}
+	if err := n.bolt.Set(removedKey, []byte(n.cfg.NodeID)); err != nil {
+		n.log.Warn("could not record the removal in the data dir; a restart on it finds the removal from the Raft configuration alone", "err", err)
+	}
+}
+
+// removalRecorded reports whether the stable store holds this node's
+// removal record.
+func removalRecorded(s raft.StableStore, id string) bool {
+	v, err := s.Get(removedKey)
+	return err == nil && string(v) == id
 }
 
 // removedAtStart reports whether the stores say this node was removed:

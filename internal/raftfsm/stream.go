@@ -114,6 +114,7 @@ type streamLayer struct {
 
 	mu       sync.Mutex
 	accepted map[*trackedConn]struct{} // open Raft connections, closed with the layer
+	dialed   map[*dialedConn]struct{}  // open connections Dial made (abortConns)
 	perHost  map[string]int            // open connections by remote IP
 	total    int
 	refused  uint64 // connections closed at a cap
@@ -159,6 +160,42 @@ func (c *trackedConn) Write(p []byte) (int, error) {
 		_ = c.Conn.SetWriteDeadline(time.Now().Add(c.idle))
 	}
 	return c.Conn.Write(p)
+}
+
+// dialedConn is a connection Dial made, in the layer's set until closed,
+// so that abortConns can end it.
+type dialedConn struct {
+	net.Conn
+	s    *streamLayer
+	once sync.Once
+}
+
+func (c *dialedConn) Close() error {
+	c.once.Do(func() {
+		c.s.mu.Lock()
+		delete(c.s.dialed, c)
+		c.s.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// abortConns closes every open Raft connection, dialed and accepted: a
+// write blocked on a peer that no longer reads (frozen, or behind a
+// partition) fails at once, so that raft's shutdown, which waits for its
+// replication goroutines, can end.
+func (s *streamLayer) abortConns() {
+	s.mu.Lock()
+	open := make([]net.Conn, 0, len(s.dialed)+len(s.accepted))
+	for c := range s.dialed {
+		open = append(open, c)
+	}
+	for c := range s.accepted {
+		open = append(open, c)
+	}
+	s.mu.Unlock()
+	for _, c := range open {
+		c.Close()
+	}
 }
 
 // countedConn holds a slot of the connection caps until closed.
@@ -427,13 +464,25 @@ const (
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	giveUp := time.Now().Add(redialFor)
 	for {
+		select {
+		case <-s.dialsEnd: // shutting down: a new connection would only hold it up
+			return nil, net.ErrClosed
+		default:
+		}
 		c, err := s.dial(string(address), timeout)
 		if err == nil {
 			if _, err := c.Write([]byte{connRaft}); err != nil {
 				c.Close()
 				return nil, err
 			}
-			return c, nil
+			dc := &dialedConn{Conn: c, s: s}
+			s.mu.Lock()
+			if s.dialed == nil {
+				s.dialed = map[*dialedConn]struct{}{}
+			}
+			s.dialed[dc] = struct{}{}
+			s.mu.Unlock()
+			return dc, nil
 		}
 		if !unanswered(err) || time.Now().After(giveUp) {
 			return nil, err
@@ -458,7 +507,7 @@ func unanswered(err error) bool {
 		errors.Is(err, syscall.ENETUNREACH) || errors.As(err, &dnsErr) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// endDials makes Dial give up at once from now on.
+// endDials makes Dial give up at once from now on, and dial no more.
 func (s *streamLayer) endDials() { s.dialsOnce.Do(func() { close(s.dialsEnd) }) }
 
 // probe asks the node at a Raft address who it is.

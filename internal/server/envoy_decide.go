@@ -171,7 +171,7 @@ func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []env
 	if remote == nil {
 		return nil
 	}
-	return d.forward(ctx, v, hits, owners, remote, out, false)
+	return d.forward(avoiding(ctx, owner), v, hits, owners, remote, out, false) // the next owners check owner too
 }
 
 // send forwards the hits idx to owner and reads its decisions into out.

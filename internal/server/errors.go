@@ -84,7 +84,7 @@ func toStatus(err error) *status.Status {
 		return status.New(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrNoMember), errors.Is(err, rule.ErrNotFound), errors.Is(err, shard.ErrGrantNotFound), errors.Is(err, shard.ErrGrantExpired):
 		return status.New(codes.NotFound, err.Error())
-	case errors.Is(err, rule.ErrVersionMismatch), errors.Is(err, raftfsm.ErrRefused), errors.Is(err, ErrNoRaft):
+	case errors.Is(err, rule.ErrVersionMismatch), errors.Is(err, raftfsm.ErrRefused), errors.Is(err, ErrNoRaft), errors.Is(err, raftfsm.ErrRemoved):
 		return status.New(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, rule.ErrNoLeader):
 		return status.New(codes.Unavailable, err.Error()+"; retry with backoff")

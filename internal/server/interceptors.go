@@ -11,11 +11,16 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/tokenserver/tokenserver/internal/auth"
+	"github.com/tokenserver/tokenserver/internal/raftfsm"
+	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 // unary is the one unary interceptor: it authorizes the call (when auth is
-// on), drops a client's forwarded marker (see dropForeignForward), turns a
+// on), drops a client's forwarded marker (see dropForeignForward), refuses
+// the data plane on a node removed from the cluster (decides), turns a
 // panic into an Internal error, a log line and tokenserver_panics_total
 // (bad input never takes the node down), gives calls without a deadline
 // the default one, times data-plane calls into the decision latency
@@ -28,6 +33,10 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 		}
 	}
 	ctx = n.dropForeignForward(ctx)
+	if decides[info.FullMethod] && n.removed() {
+		n.metrics.observeError(codes.FailedPrecondition)
+		return nil, toError(errRemovedNode)
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			err = n.panicked(info.FullMethod, p)
@@ -60,6 +69,29 @@ func (n *Node) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h
 		n.metrics.observeError(codeOf(err))
 	}
 	return resp, err
+}
+
+// decides lists the data-plane methods, those that decide or change a
+// bucket: a node removed from the cluster refuses them at once, since its
+// stale view would have it decide keys that now belong to another node.
+var decides = map[string]bool{
+	pb.TokenService_AcquireToken_FullMethodName:          true,
+	pb.TokenService_AcquireTokens_FullMethodName:         true,
+	pb.TokenService_RefillToken_FullMethodName:           true,
+	pb.TokenService_RenewLease_FullMethodName:            true,
+	pb.TokenService_CommitToken_FullMethodName:           true,
+	rlpb.RateLimitService_ShouldRateLimit_FullMethodName: true,
+}
+
+// errRemovedNode is the answer of a removed node to a data-plane call.
+var errRemovedNode = failf(raftfsm.ErrRemoved, "this node was removed from the cluster; it decides nothing: call another member (the SDK routes by the cluster view), and start this node with a fresh --data-dir and --join to add it again")
+
+// removed reports whether this node learned that it was removed from the
+// Raft configuration (raftfsm.Node.Removed); a node without Raft never
+// is.
+func (n *Node) removed() bool {
+	r, ok := n.data.(interface{ Removed() bool })
+	return ok && r.Removed()
 }
 
 // panicked logs and counts a panic in a handler and returns the Internal

@@ -319,15 +319,25 @@ func (n *Node) runJoin() {
 // (health NOT_SERVING), leaves the routing view through the leader so that
 // its keys move to their next owners and clients re-route, keeps answering
 // (and forwarding) for DrainLinger while clients hear of the new view, lets
-// calls in flight finish for up to ShutdownGrace, hands over leadership if
-// it leads, and closes everything. It is safe to call twice.
+// calls in flight finish, hands over leadership if it leads, and closes
+// everything. It is safe to call twice.
+//
+// Stop returns within ShutdownGrace (at least minStopClose) whatever the
+// network does: leaving the view, the linger and the calls in flight end
+// stopCloseReserve before it, and every closing step after them (Raft and
+// its transport, the HTTP server, the node's goroutines, the peer
+// connections) is waited for only until it; a step still blocked then (a
+// write to a frozen peer, a leadership transfer to no one) is abandoned,
+// logged, and left to the process's exit.
 func (n *Node) Stop() {
 	n.stopOnce.Do(func() {
 		start := time.Now()
+		closeBy := start.Add(max(n.cfg.ShutdownGrace, minStopClose))
+		gracefulBy := start.Add(n.cfg.ShutdownGrace - stopCloseReserve(n.cfg.ShutdownGrace))
 		n.log.Info("tokenserver stopping: leaving the routing view first", "node", n.data.ID())
 		n.draining.Store(true)
 		n.updateHealth()
-		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
+		ctx, cancel := context.WithDeadline(context.Background(), gracefulBy)
 		n.prepareHandoff(ctx)
 		if err := n.control.Drain(ctx); err != nil {
 			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
@@ -345,28 +355,77 @@ func (n *Node) Stop() {
 		go func() { n.grpc.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
-		case <-time.After(max(0, n.cfg.ShutdownGrace-time.Since(start))):
+		case <-time.After(time.Until(gracefulBy)):
 			n.grpc.Stop()
 		}
 		// Leave Raft last (a leader hands over leadership first), so that
-		// calls in flight could still be forwarded and rules still read.
-		if err := n.control.Close(); err != nil {
-			n.log.Warn("leaving the cluster", "err", err)
-		}
+		// calls in flight could still be forwarded and rules still read,
+		// and before the peer connections close (the leader's member
+		// health checks use them). The steps after it run at once, so a
+		// Raft shutdown that takes the grace leaves them their share.
+		n.within(closeBy.Add(-stopTail(time.Until(closeBy))), "leave the cluster (raft and its transport)", func() {
+			if err := n.control.Close(); err != nil {
+				n.log.Warn("leaving the cluster", "err", err)
+			}
+		})
 		n.mu.Lock()
 		hs, ps := n.httpSrv, n.pprofSrv
 		n.mu.Unlock()
-		if hs != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownGrace)
-			_ = hs.Shutdown(ctx)
-			cancel()
+		hctx, hcancel := context.WithDeadline(context.Background(), closeBy)
+		defer hcancel()
+		var wg sync.WaitGroup
+		for what, step := range map[string]func(){
+			"stop the HTTP server": func() {
+				if hs != nil {
+					_ = hs.Shutdown(hctx)
+				}
+			},
+			"stop the pprof server": func() {
+				if ps != nil {
+					_ = ps.Close()
+				}
+			},
+			"end the node's background work": n.wg.Wait,
+			"close the peer connections":     n.peers.close,
+		} {
+			wg.Go(func() { n.within(closeBy, what, step) })
 		}
-		if ps != nil {
-			_ = ps.Close()
-		}
-		n.wg.Wait()
-		n.peers.close()
+		wg.Wait()
 	})
+}
+
+// stopTail is the part of the time left for closing that Stop keeps for
+// the steps after Raft's: a quarter, at most 250 ms.
+func stopTail(left time.Duration) time.Duration {
+	return min(max(left, 0)/4, 250*time.Millisecond)
+}
+
+// minStopClose is the least time Stop gives its closing steps: with a
+// ShutdownGrace below it, Stop may take this long.
+const minStopClose = 500 * time.Millisecond
+
+// stopCloseReserve is the part of ShutdownGrace kept for the closing
+// steps after the calls in flight: a quarter, at most 2 s.
+func stopCloseReserve(grace time.Duration) time.Duration {
+	return min(grace/4, 2*time.Second)
+}
+
+// within runs step and waits for it until by; a step still running then
+// is abandoned (it goes on in the background) and logged, so that a
+// socket that never answers cannot hold the node's exit.
+func (n *Node) within(by time.Time, what string, step func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		step()
+	}()
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		n.log.Warn("shutdown step abandoned: it did not end within --shutdown-grace", "step", what)
+	}
 }
 
 // sweep evicts idle buckets, and forgets the decision counts of rule

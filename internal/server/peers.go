@@ -37,15 +37,19 @@ type Peers struct {
 
 // peerState is what a node learned of one member callers avoid.
 type peerState struct {
-	healthy  bool // the last check answered SERVING
-	checked  time.Time
-	checking bool
+	healthy bool // the last check answered SERVING
+	checked time.Time
+	// inflight is closed when the check under way ends; nil when none is.
+	inflight chan struct{}
 }
 
 // How often, and how long, a node checks a member that callers avoid.
 const (
 	peerCheckInterval = time.Second
 	peerCheckTimeout  = 300 * time.Millisecond
+	// peerDownFor is how long a failed check answers Peers.down while
+	// newer checks run.
+	peerDownFor = 5 * peerCheckInterval
 )
 
 // NewPeers returns a pool that dials with mutual TLS over tlsCfg
@@ -174,32 +178,80 @@ func (p *Peers) JoinVia(ctx context.Context, addrs []string, self cluster.Member
 func (p *Peers) avoidable(m cluster.Member) bool {
 	p.healthMu.Lock()
 	defer p.healthMu.Unlock()
+	st := p.stateLocked(m)
+	return !st.healthy
+}
+
+// down reports whether member m is down as this node sees it: its member
+// health check, from this node, did not answer SERVING. Unlike avoidable
+// it takes no claim on trust: without a check result younger than
+// peerCheckInterval it waits for one (at most peerCheckTimeout, and ctx),
+// and a check it could not wait for counts as "not down". A failed check
+// stays an answer for peerDownFor while the next one runs, so that calls
+// for a dead member's keys do not each wait for a check. A next owner
+// asks it before it decides a key whose owner a forwarding node could not
+// reach (see route): that node's broken connection is no proof.
+func (p *Peers) down(ctx context.Context, m cluster.Member) bool {
+	p.healthMu.Lock()
+	st := p.stateLocked(m)
+	if age := time.Since(st.checked); !st.checked.IsZero() && (age <= peerCheckInterval || !st.healthy && age <= peerDownFor) {
+		healthy := st.healthy
+		p.healthMu.Unlock()
+		return !healthy
+	}
+	wait := st.inflight
+	p.healthMu.Unlock()
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		return false
+	}
+	p.healthMu.Lock()
+	defer p.healthMu.Unlock()
+	return !st.healthy
+}
+
+// stateLocked returns what this node learned of m, starting a check in
+// the background when the last one is older than peerCheckInterval and
+// none is under way; p.healthMu is held.
+func (p *Peers) stateLocked(m cluster.Member) *peerState {
 	st := p.health[m.ID]
 	if st == nil {
 		st = &peerState{}
 		p.health[m.ID] = st
 	}
-	if !st.checking && time.Since(st.checked) > peerCheckInterval {
-		st.checking = true
+	if st.inflight == nil && time.Since(st.checked) > peerCheckInterval {
+		done := make(chan struct{})
+		st.inflight = done
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), peerCheckTimeout)
 			ok := p.healthOf(ctx, m.ID, m.GRPCAddr)
 			cancel()
 			p.healthMu.Lock()
-			st.healthy, st.checked, st.checking = ok, time.Now(), false
+			st.healthy, st.checked, st.inflight = ok, time.Now(), nil
 			p.healthMu.Unlock()
+			close(done)
 		}()
 	}
-	return !st.healthy
+	return st
 }
 
-// close closes every connection.
+// close closes every connection, all at once: closing one waits for its
+// writer (up to gRPC's GOAWAY timeout on a connection that a frozen peer
+// no longer reads), and one such peer must not hold up the others. The
+// caller bounds the wait (Node.Stop).
 func (p *Peers) close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.closed = true
+	conns := make([]*grpc.ClientConn, 0, len(p.conns))
 	for _, c := range p.conns {
-		c.Close()
+		conns = append(conns, c)
 	}
 	clear(p.conns)
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() { c.Close() })
+	}
+	wg.Wait()
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,14 +40,66 @@ func forwarded(ctx context.Context) bool {
 }
 
 // markForwarded returns ctx (with its deadline) for a call to another node.
+// The call names, in its AvoidHeader, the members its caller could not
+// reach (the incoming AvoidHeader, up to MaxAvoid ids) and those this node
+// could not (avoiding): the node it lands on then decides a key of such a
+// member only if it, too, finds that member down (see route).
 func markForwarded(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, "1")
+	ids, _ := ctx.Value(avoidKey{}).([]string)
+	for _, val := range metadata.ValueFromIncomingContext(ctx, AvoidHeader) {
+		for rest, pieces := val, 0; rest != "" && len(ids) < MaxAvoid && pieces < 16*MaxAvoid; pieces++ {
+			var id string
+			id, rest, _ = strings.Cut(rest, ",")
+			if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, "1")
+	}
+	return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, "1", AvoidHeader, strings.Join(ids, ","))
+}
+
+// avoidKey is the context key of the member ids this node could not reach
+// for a call (avoiding).
+type avoidKey struct{}
+
+// avoiding returns ctx for a failover: the calls it forwards name owner,
+// which this node could not reach, in their AvoidHeader (markForwarded).
+func avoiding(ctx context.Context, owner string) context.Context {
+	ids, _ := ctx.Value(avoidKey{}).([]string)
+	return context.WithValue(ctx, avoidKey{}, append(slices.Clip(ids), owner))
+}
+
+// names reports whether the call's AvoidHeader names member id (among its
+// first MaxAvoid ids).
+func names(ctx context.Context, id string) bool {
+	seen := 0
+	for _, val := range metadata.ValueFromIncomingContext(ctx, AvoidHeader) {
+		for rest, pieces := val, 0; rest != "" && seen < MaxAvoid && pieces < 16*MaxAvoid; pieces++ {
+			var got string
+			got, rest, _ = strings.Cut(rest, ",")
+			if got = strings.TrimSpace(got); got != "" {
+				seen++
+				if got == id {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // route returns the member that answers key when it is another node and
 // the call may be forwarded; nil when this node answers. A forwarded call is
-// always answered where it lands. A key whose owner the caller could not
-// reach (AvoidHeader) goes to its next owner among the members not named.
+// answered where it lands (never forwarded again), but a key whose owner
+// the forwarding node could not reach (its AvoidHeader names the owner) is
+// decided here only if this node finds that owner down too: a node cut off
+// from a healthy owner (a broken connection after a partition) must not
+// make another node decide that owner's keys from a fresh bucket. A key
+// whose owner the caller could not reach (AvoidHeader) goes to its next
+// owner among the members not named.
 func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster.Member, error) {
 	if v.Len() == 0 {
 		if n.sole() {
@@ -56,7 +109,13 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 	}
 	owner, _ := v.Owner(key)
 	self := n.data.ID()
-	if owner.ID == self || forwarded(ctx) { // the owner is checked first: it is free
+	if owner.ID == self { // the owner is checked first: it is free
+		return nil, nil
+	}
+	if forwarded(ctx) {
+		if names(ctx, owner.ID) && !n.peers.down(ctx, owner) {
+			return nil, failf(ErrUnavailable, "the key's owner %s answers its health check from %s, which does not decide its keys for a node that cannot reach it; retry", owner.ID, self)
+		}
 		return nil, nil
 	}
 	if avoid := n.avoided(ctx, v); avoid[owner.ID] {
@@ -116,11 +175,21 @@ func (n *Node) avoided(ctx context.Context, v *cluster.View) map[string]bool {
 
 // nextOwner is the member that answers key when owner cannot be reached:
 // the next in rendezvous order among the members that are neither owner
-// nor avoided by the caller. ok is false when there is none.
+// nor avoided by the caller. ok is false when there is none, or when this
+// node is next and does not find owner down by its own health check
+// (Peers.down): a call that failed is no proof that the owner is gone, and
+// a healthy owner's keys must not move. A next owner elsewhere is asked
+// with owner named in the AvoidHeader (call it with avoiding), and checks
+// the same before it decides (route).
 func (n *Node) nextOwner(ctx context.Context, v *cluster.View, key, owner string) (next cluster.Member, local, ok bool) {
 	avoid := n.avoided(ctx, v)
 	self := n.data.ID()
 	next, ok = v.OwnerExcept(cluster.KeyHash(key), func(id string) bool { return id != self && (id == owner || avoid[id]) })
+	if ok && next.ID == self {
+		if m, inView := v.Member(owner); inView && !n.peers.down(ctx, m) {
+			return next, false, false
+		}
+	}
 	if ok {
 		n.metrics.failovers.Inc()
 	}
@@ -264,7 +333,7 @@ func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.A
 		results[i].Response = resp
 	}
 	if remote != nil {
-		n.forwardBatchOnce(ctx, v, items, remote, results, false)
+		n.forwardBatchOnce(avoiding(ctx, owner), v, items, remote, results, false)
 	}
 	return true
 }

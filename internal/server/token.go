@@ -141,10 +141,10 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		// The owner cannot decide: its next owner does, from its own bucket.
 		next, local, ok := s.n.nextOwner(ctx, v, req.GetKey(), owner.ID)
 		if !ok {
-			return nil, err
+			return nil, toError(err)
 		}
 		if !local {
-			return toOwner(ctx, s.n, &next, acquire)
+			return toOwner(avoiding(ctx, owner.ID), s.n, &next, acquire)
 		}
 	}
 	resp := new(pb.AcquireTokenResponse)

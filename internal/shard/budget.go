@@ -21,6 +21,9 @@ const FairShareAbove = 75
 type account struct {
 	keys  atomic.Int64
 	bytes atomic.Int64
+	// quietUntil is the clock time before which a search for the rule's
+	// full buckets is not repeated (evictOwnFull).
+	quietUntil atomic.Int64
 }
 
 // accountKey names one generation of one rule.
@@ -98,19 +101,25 @@ func (m *Map) admitNew(sh *shard, c *rule.Compiled, size, now int64) error {
 	if m.budget > 0 && m.used.Load()+size > m.budget {
 		m.evictIdle(sh, now, 64) // before the pin: eviction pins too
 	}
-	a := m.accounts.pin(c)
-	defer m.accounts.unpin()
-	if err := m.admitBytes(a, c, size); err != nil {
+	for swap := false; ; swap = true {
+		a := m.accounts.pin(c)
+		overShare, err := m.admitBytes(a, c, size, swap)
+		if err == nil {
+			if err = m.countKey(a, c); err != nil {
+				m.live.Add(-1)
+				m.chargeAccount(a, -size)
+			}
+			m.accounts.unpin()
+			return err
+		}
+		m.accounts.unpin() // before eviction, which pins too
+		if overShare && !swap && m.evictOwnFull(sh, c, now, size) >= size {
+			continue // the new key takes the place of the rule's own full buckets
+		}
 		m.live.Add(-1)
 		m.capDenials.Add(1)
 		return err
 	}
-	if err := m.countKey(a, c); err != nil {
-		m.live.Add(-1)
-		m.chargeAccount(a, -size)
-		return err
-	}
-	return nil
 }
 
 // countKey counts a bucket that enters c's generation, pinned as a,
@@ -128,16 +137,20 @@ func (m *Map) countKey(a *account, c *rule.Compiled) error {
 }
 
 // admitBytes charges size bytes of a new bucket of c, pinned as a,
-// against the budget and c's fair share.
-func (m *Map) admitBytes(a *account, c *rule.Compiled, size int64) error {
+// against the budget and c's fair share. overShare says that the refusal
+// is the fair share's: c holds more than its share while the budget still
+// has room, so that freeing c's own buckets can make room. swap says that
+// c just freed at least size bytes of its own (evictOwnFull): the new
+// bucket takes their place, c does not grow, and the share does not apply.
+func (m *Map) admitBytes(a *account, c *rule.Compiled, size int64, swap bool) (overShare bool, err error) {
 	if m.budget <= 0 {
 		m.chargeAccount(a, size)
-		return nil
+		return false, nil
 	}
 	if used := m.used.Add(size); used > m.budget {
 		m.used.Add(-size)
-		return fmt.Errorf("%w: buckets hold %d bytes of the node's %d-byte bucket memory budget", ErrBucketCap, used-size, m.budget)
-	} else if used > m.budget/100*FairShareAbove {
+		return false, fmt.Errorf("%w: buckets hold %d bytes of the node's %d-byte bucket memory budget", ErrBucketCap, used-size, m.budget)
+	} else if used > m.budget/100*FairShareAbove && !swap {
 		mine := a.bytes.Load()
 		rules := m.active.Load()
 		if mine == 0 {
@@ -145,12 +158,12 @@ func (m *Map) admitBytes(a *account, c *rule.Compiled, size int64) error {
 		}
 		if share := m.budget / max(rules, 2); mine+size > share {
 			m.used.Add(-size)
-			return fmt.Errorf("%w: rule %q holds %d bytes, its fair share of the node's %d-byte bucket memory budget among %d rules is %d", ErrBucketCap, c.Rule.Name, mine, m.budget, max(rules, 2), share)
+			return true, fmt.Errorf("%w: rule %q holds %d bytes, its fair share of the node's %d-byte bucket memory budget among %d rules is %d, and none of its buckets is back at its initial state", ErrBucketCap, c.Rule.Name, mine, m.budget, max(rules, 2), share)
 		}
 	}
 	m.used.Add(-size)
 	m.chargeAccount(a, size)
-	return nil
+	return false, nil
 }
 
 // charge adds d bytes to the node's and c's generation's bucket memory.

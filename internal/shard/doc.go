@@ -21,7 +21,12 @@
 //   - A bucket is dropped only when idle (at its initial state, no
 //     penalty, no grant that could be refilled twice) or when its rule
 //     generation is gone; a dropped entry's rule is nil, and a lookup
-//     that finds it looks again.
+//     that finds it looks again. Dropping an idle bucket is exact: a new
+//     one later decides the same. So a rule at its fair share of the
+//     budget evicts its own least recently used idle ("full") buckets
+//     before it refuses a new key, which takes their place (sweep.go);
+//     when none is idle, the key is refused (ErrBucketCap), since
+//     dropping a bucket with state would reset its key.
 //   - Every live bucket counts once in the node's counts (live buckets,
 //     bytes) and in the account of its rule generation (keys, bytes):
 //     a new key is admitted against the node's cap, the budget, the rule's

@@ -64,6 +64,7 @@ type Map struct {
 	live       atomic.Int64
 	evicted    atomic.Int64
 	capDenials atomic.Int64
+	scanShard  atomic.Uint64 // where a search for a rule's full buckets starts (evictOwnFull)
 	// dropped is the highest grant nonce of a dropped bucket.
 	dropped  atomic.Uint64
 	imported issuers // other nodes' grant keys (export.go)
@@ -86,6 +87,10 @@ type entry struct {
 	// lease's id); it starts at the creation time, so ids differ across a
 	// key's successive buckets. Beside mu: a decision writes one line.
 	seq uint64
+	// last is when a decision last found the bucket (lookupOrCreate):
+	// the recency by which a rule at its fair share evicts its own full
+	// buckets, least recently used first (evictOwnFull).
+	last int64
 	// key is the bucket key: rule name, NUL, key. Immutable.
 	key string
 	// first is the bucket's first grant nonce: above every nonce of the
@@ -186,11 +191,13 @@ func (m *Map) lookup(sh *shard, h uint64, bk []byte) *entry {
 // inl, a request's limit, when inl is not nil.
 func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, cfg, inl *bucket.Config, now int64) (*entry, error) {
 	if e := m.lookup(sh, h, bk); e != nil {
+		e.last = max(e.last, now)
 		return e, nil
 	}
 	sh.mu.Lock()
 	if e := m.lookup(sh, h, bk); e != nil { // created meanwhile
 		sh.mu.Unlock()
+		e.last = max(e.last, now)
 		return e, nil
 	}
 	var own *bucket.Config
@@ -206,7 +213,7 @@ func (m *Map) lookupOrCreate(sh *shard, h uint64, bk []byte, c *rule.Compiled, c
 	}
 	b := bucket.New(cfg, now) // after admission: a refused key allocates nothing
 	first := max(uint64(now), m.dropped.Load()+1)
-	e := &entry{key: string(bk), seq: first - 1, first: first, b: b, rule: c, cfg: cfg, inl: own}
+	e := &entry{key: string(bk), seq: first - 1, last: now, first: first, b: b, rule: c, cfg: cfg, inl: own}
 	e.mu.Lock()
 	sh.insert(m.seed, h, e)
 	sh.mu.Unlock()
