@@ -128,7 +128,7 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 		}
 		select {
 		case <-ctx.Done():
-			return buckets, bytes, fmt.Errorf("%w (gave up: %v)", failed, ctx.Err())
+			return buckets, bytes, fmt.Errorf("%w (gave up: %w)", failed, ctx.Err())
 		case <-time.After(retry):
 		}
 	}

@@ -2,6 +2,7 @@ package handoff
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -307,7 +308,7 @@ func (r *Receiver) Transfer(stream grpc.ClientStreamingServer[peerv1.HandoffBatc
 	first := true
 	for {
 		b, err := stream.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return stream.SendAndClose(&peerv1.TransferResponse{Installed: installed})
 		}
 		if err != nil {

@@ -189,7 +189,7 @@ func (r *Replicator) Restore(dir string, now int64, wall time.Time) (int64, erro
 	var kept int64
 	for {
 		var b peerv1.ReplicaBatch
-		if err := opts.UnmarshalFrom(rd, &b); err == io.EOF {
+		if err := opts.UnmarshalFrom(rd, &b); errors.Is(err, io.EOF) {
 			return kept, nil
 		} else if err != nil {
 			return kept, fmt.Errorf("restore checkpoint: %w", err)

@@ -267,7 +267,7 @@ func (r *Replicator) Replicate(stream grpc.ClientStreamingServer[peerv1.ReplicaB
 	var stored int64
 	for {
 		b, err := stream.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return stream.SendAndClose(&peerv1.ReplicateResponse{Stored: stored})
 		}
 		if err != nil {
