@@ -40,6 +40,7 @@ func newAcquireCmd(a *app) *cobra.Command {
 		maxWait  time.Duration
 		count    int64
 		duration time.Duration
+		inline   inlineFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "acquire RULE KEY",
@@ -55,7 +56,8 @@ result: the exit code is 0. With --duration the deadline is --duration plus
 		Example: `  tokenctl acquire api alice
   tokenctl acquire api alice --count 5 -o json
   tokenctl acquire api alice --permits 10 --partial
-  tokenctl acquire api alice --duration 2s`,
+  tokenctl acquire api alice --duration 2s
+  tokenctl acquire llm tenant-a --permits 500 --limit 2000 --limit-period 1h`,
 		Args: argNames("RULE", "KEY"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("count") && cmd.Flags().Changed("duration") {
@@ -70,6 +72,10 @@ result: the exit code is 0. With --duration the deadline is --duration plus
 			if maxWait < 0 {
 				return usagef("--max-wait must be >= 0, got %v", maxWait)
 			}
+			limit, err := inline.request(cmd)
+			if err != nil {
+				return err
+			}
 			tc, _, done, err := a.clients()
 			if err != nil {
 				return err
@@ -81,7 +87,7 @@ result: the exit code is 0. With --duration the deadline is --duration plus
 			}
 			ctx, cancel := a.context(cmd, extra)
 			defer cancel()
-			req := &pb.AcquireTokenRequest{Rule: args[0], Key: args[1], Partial: partial, MaxWaitNs: int64(maxWait)}
+			req := &pb.AcquireTokenRequest{Rule: args[0], Key: args[1], Partial: partial, MaxWaitNs: int64(maxWait), Limit: limit}
 			if cmd.Flags().Changed("permits") {
 				req.Permits = &permits
 			}
@@ -122,6 +128,7 @@ result: the exit code is 0. With --duration the deadline is --duration plus
 	fl.DurationVar(&maxWait, "max-wait", 0, "shaping: wait up to this long for the tokens instead of being denied (token and leaky bucket)")
 	fl.Int64Var(&count, "count", 1, "calls to make in a row")
 	fl.DurationVar(&duration, "duration", 0, "make calls for this long instead of --count times")
+	inline.register(fl)
 	return cmd
 }
 
