@@ -140,7 +140,10 @@ type boundData struct {
 	Err   string
 }
 
-func (h *handler) ruleBound(ctx context.Context, r *request, name string) *boundData {
+// ruleBound is the bound fragment of rule name; durable is the rule's
+// flag as GetRule read it (through the leader), newer right after a save
+// than the answering node's table, which RuleBound reads.
+func (h *handler) ruleBound(ctx context.Context, r *request, name string, durable bool) *boundData {
 	br, ok := h.backend.(BoundReader)
 	if !ok {
 		return nil
@@ -150,13 +153,21 @@ func (h *handler) ruleBound(ctx context.Context, r *request, name string) *bound
 	if d.Bound, err = br.RuleBound(ctx, r.cred, name); err != nil {
 		_, d.Err = errorMessage(err, r.sess.principal, actRead)
 	}
+	d.Bound.Durable = durable
 	return d
 }
 
 func (h *handler) boundPart(w http.ResponseWriter, r *request) {
 	ctx, cancel := h.call(r)
 	defer cancel()
-	h.pages.render(w, http.StatusOK, "rule", "bound", h.ruleBound(ctx, r, r.PathValue("name")))
+	name := r.PathValue("name")
+	rule, err := h.backend.GetRule(ctx, r.cred, name)
+	if err != nil {
+		code, msg := errorMessage(err, r.sess.principal, actRead)
+		http.Error(w, msg, code)
+		return
+	}
+	h.pages.render(w, http.StatusOK, "rule", "bound", h.ruleBound(ctx, r, name, rule.Cost.Durable))
 }
 
 // costForm is the cost form's fields as typed.

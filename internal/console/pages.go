@@ -211,11 +211,7 @@ func (h *handler) showRule(ctx context.Context, w http.ResponseWriter, r *reques
 	_, editor := h.backend.(CostEditor)
 	d.CanEditCost = editor && canEdit(r.sess.principal)
 	d.Top = h.topKeys(ctx, r, name, d.Window)
-	if d.Bound = h.ruleBound(ctx, r, name); d.Bound != nil && rule.Cost.Durable {
-		// The rule as read (through the leader) is newer than the
-		// answering node's table right after a save.
-		d.Bound.Bound.Durable = true
-	}
+	d.Bound = h.ruleBound(ctx, r, name, rule.Cost.Durable)
 	d.History, err = h.backend.RuleHistory(ctx, r.cred, name)
 	if err != nil {
 		_, d.HistoryErr = errorMessage(err, r.sess.principal, actRead)
