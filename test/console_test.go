@@ -18,6 +18,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
@@ -244,6 +246,60 @@ func TestConsoleCluster(t *testing.T) {
 		t.Fatalf("envoy page: %q", txt)
 	}
 	viewer.shot("envoy")
+
+	// The over-admission bound: live concurrency leases on a rule count
+	// in its leases part, on whichever node owns each key, and the rule
+	// page sums every node's.
+	jobs := &pb.Rule{Name: "jobs", Algorithm: pb.Algorithm_CONCURRENCY, Limit: 10, Period: durationpb.New(10 * time.Minute)}
+	if _, err := c.admin(leader).PutRule(ctx, &pb.PutRuleRequest{Rule: jobs}); err != nil {
+		t.Fatal(err)
+	}
+	var leased int64
+	for i := range 6 {
+		acq, err := c.token(c.ids[i%len(c.ids)]).AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "jobs", Key: fmt.Sprintf("job-%d", i), Permits: proto.Int64(2)})
+		if err != nil || !acq.GetAllowed() {
+			t.Fatalf("lease %d: %v, %v", i, acq, err)
+		}
+		leased += acq.GetGranted()
+	}
+	viewer.open("/ui/rules/jobs")
+	if rows := chromeGet(viewer, "bound rows", chromedp.Evaluate[int](`document.querySelectorAll("#bound tbody tr").length`)); rows != 3 {
+		t.Fatalf("the rule page's bound has %d node rows, want 3: %q", rows, viewer.text("#bound-part"))
+	}
+	// A node rescans its leases at most every few seconds; the part
+	// refreshes every 5 s.
+	chromeGet(viewer, "bound counts the leases", chromedp.Poll[chromedp.Void](fmt.Sprintf(`document.getElementById("bound-total").textContent === "%d"`, leased),
+		chromedp.WithPollingTimeout(chromeTimeout)))
+	if txt := viewer.text("#bound-part"); !strings.Contains(txt, "leases") || !strings.Contains(txt, "unplanned_fresh") || !strings.Contains(txt, "Not durable") {
+		t.Fatalf("the bound's parts: %q", txt)
+	}
+	viewer.shot("rule-bound")
+
+	// Cost fields: an editor's bad time zone shows the API's message, a
+	// good save makes the rule durable; the rules list marks it.
+	editor.open("/ui/rules/api")
+	editor.run("bad cost", chromedp.SetValue(chromedp.CSS(`#c-tz`), "Mars/Olympus"), chromedp.Click(chromedp.CSS(`#save-cost`)),
+		chromedp.WaitVisible(chromedp.CSS(`#cost-error`)))
+	if msg := editor.text("#cost-error"); !strings.Contains(msg, "Mars/Olympus") {
+		t.Fatalf("a bad time zone shows %q, want the API's message", msg)
+	}
+	editor.run("save cost", chromedp.Evaluate[chromedp.Void](`document.getElementById("cost-error").remove(); document.getElementById("c-tz").value = ""; undefined`), chromedp.SetValue(chromedp.CSS(`#c-ttl`), "500ms"),
+		chromedp.Click(chromedp.CSS(`#c-durable`)), chromedp.Click(chromedp.CSS(`#save-cost`)), chromedp.WaitVisible(chromedp.CSS(`.flash, #cost-error`)))
+	if f := editor.text(".flash, #cost-error"); !strings.Contains(f, "Saved the cost fields of api") {
+		t.Fatalf("after saving the cost fields: %q", f)
+	}
+	r, err = c.admin(leader).GetRule(ctx, &pb.GetRuleRequest{Name: "api"})
+	if err != nil || !r.GetDurable() || r.GetReservationTtl().AsDuration() != 500*time.Millisecond || r.GetLimit() != 100 {
+		t.Fatalf("after the console's cost save: %v, %v", r, err)
+	}
+	if txt := editor.text("#bound-part"); !strings.Contains(txt, "Durable") || !strings.Contains(txt, "replication lag") {
+		t.Fatalf("a durable rule's bound: %q", txt)
+	}
+	editor.shot("rule-cost")
+	viewer.open("/ui/rules")
+	if txt := viewer.text(`tr[data-rule="api"]`); !strings.Contains(txt, "durable") {
+		t.Fatalf("the rules list's api row: %q", txt)
+	}
 }
 
 // TestConsoleRulesPageLoad measures the Rules page of a real node (no

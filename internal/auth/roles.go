@@ -137,6 +137,7 @@ var methods = map[string]methodRule{
 
 	pb.AdminService_EnvoyDomainHistory_FullMethodName: {role: RoleViewer},
 	pb.AdminService_ListRuleRates_FullMethodName:      {role: RoleViewer},
+	pb.AdminService_RuleBound_FullMethodName:          {role: RoleViewer},
 
 	// Node to node: bucket handoff. Only a peer holds admin with a
 	// certificate; the service itself also refuses any caller without a

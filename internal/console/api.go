@@ -51,7 +51,8 @@ type apiRule struct {
 	Denied float64   `json:"denied"`
 	Util   float64   `json:"util"`
 	Spark  []float64 `json:"spark"`
-	Text   [3]string `json:"text"` // dps, denied and util as the page formats them
+	Bound  int64     `json:"bound"`
+	Text   [4]string `json:"text"` // dps, denied, util and bound as the page formats them
 }
 
 func (h *handler) apiRules(w http.ResponseWriter, r *request) {
@@ -64,8 +65,8 @@ func (h *handler) apiRules(w http.ResponseWriter, r *request) {
 	}
 	out := make([]apiRule, len(rules))
 	for i, x := range rules {
-		out[i] = apiRule{Name: x.Name, DPS: x.DecisionsPerSecond, Denied: x.DeniedRatio, Util: x.Utilisation, Spark: x.Sparkline,
-			Text: [3]string{formatRate(x.DecisionsPerSecond), formatPct(x.DeniedRatio), formatPct(x.Utilisation)}}
+		out[i] = apiRule{Name: x.Name, DPS: x.DecisionsPerSecond, Denied: x.DeniedRatio, Util: x.Utilisation, Spark: x.Sparkline, Bound: x.Bound,
+			Text: [4]string{formatRate(x.DecisionsPerSecond), formatPct(x.DeniedRatio), formatPct(x.Utilisation), strconv.FormatInt(x.Bound, 10)}}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"rules": out})
 }

@@ -77,6 +77,11 @@ type RuleSummary struct {
 	// Sparkline is the decision rate over the last hour, oldest first
 	// (one point a minute is plenty).
 	Sparkline []float64
+	// Durable says the rule's buckets are replicated and checkpointed.
+	Durable bool
+	// Bound is the rule's over-admission bound now, in permits, summed
+	// over the nodes (tokenserver_overadmission_bound_permits).
+	Bound int64
 }
 
 // Rule is one rule's definition.
@@ -86,6 +91,8 @@ type Rule struct {
 	// Definition is the rule as YAML or JSON, as `tokenctl rule apply -f`
 	// takes it.
 	Definition string
+	// Cost is the rule's cost and durability fields, also in Definition.
+	Cost Cost
 }
 
 // Point is one second of a rule's series.

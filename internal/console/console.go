@@ -130,6 +130,9 @@ func (h *handler) routes() {
 	m.HandleFunc("GET /ui/rules/{name}/diff", h.page(h.diffPage))
 	m.HandleFunc("GET /ui/rules/{name}/rollback", h.page(h.rollbackPage))
 	m.HandleFunc("POST /ui/rules/{name}/rollback", h.page(h.rollback))
+	if _, ok := h.backend.(CostEditor); ok {
+		m.HandleFunc("POST /ui/rules/{name}/cost", h.page(h.saveCost))
+	}
 	if _, ok := h.backend.(OverrideLister); ok {
 		m.HandleFunc("GET /ui/overrides", h.page(h.overridesPage))
 		if _, ok := h.backend.(OverrideEditor); ok {
@@ -143,6 +146,9 @@ func (h *handler) routes() {
 
 	m.HandleFunc("GET /ui/part/members", h.page(h.membersPart))
 	m.HandleFunc("GET /ui/part/rules/{name}/top", h.page(h.topPart))
+	if _, ok := h.backend.(BoundReader); ok {
+		m.HandleFunc("GET /ui/part/rules/{name}/bound", h.page(h.boundPart))
+	}
 	m.HandleFunc("GET /ui/api/cluster", h.api(h.apiCluster))
 	m.HandleFunc("GET /ui/api/rules", h.api(h.apiRules))
 	m.HandleFunc("GET /ui/api/rules/{name}/series", h.api(h.apiSeries))

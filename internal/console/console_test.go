@@ -463,7 +463,7 @@ func TestEveryPageRendersWithoutTokenOrExternalURL(t *testing.T) {
 	external := regexp.MustCompile(`(?i)(src|href)="(https?:)?//`)
 	live := regexp.MustCompile(`data-(?:api|refresh)="([^"]+)"`)
 	for _, p := range []string{"/ui/", "/ui/rules", "/ui/rules/api", "/ui/rules/api/edit", "/ui/new-rule", "/ui/rules/api/diff?from=1&to=1",
-		"/ui/rules/api/rollback?to=1", "/ui/overrides", "/ui/envoy", "/ui/part/members", "/ui/part/rules/api/top", "/ui/login"} {
+		"/ui/rules/api/rollback?to=1", "/ui/overrides", "/ui/envoy", "/ui/part/members", "/ui/part/rules/api/top", "/ui/part/rules/api/bound", "/ui/login"} {
 		r := c.get(p)
 		if r.code != http.StatusOK && r.code != http.StatusSeeOther {
 			t.Fatalf("%s: status %d", p, r.code)
@@ -547,4 +547,53 @@ func TestOverrideEdit(t *testing.T) {
 	if r := editor.get("/ui/overrides"); strings.Contains(r.body, "<code>gold</code>") {
 		t.Fatal("override still listed after delete")
 	}
+}
+
+// TestRuleBoundAndCost: the rule page shows the bound per node and part,
+// summed, with the members that did not answer; a viewer reads the cost
+// fields and cannot post them; an editor sees the API's message with the
+// form as typed, and saves.
+func TestRuleBoundAndCost(t *testing.T) {
+	back := fakeFullBackend{newFakeBackend(newFakeClock())}
+	viewer := newTestConsole(t, back, Options{})
+	viewer.login(viewerToken)
+	r := viewer.get("/ui/rules/api")
+	wantStatus(t, "viewer rule", r, http.StatusOK, "Over-admission bound", `id="bound-total">321<`, "unplanned_fresh", "replication_lag",
+		"not answering: m3", "2026-03-01 12:00:00Z (42 buckets)", `<th scope="row">Cluster</th><td class="num">300</td>`, `id="cost"`, "no inline limits")
+	if strings.Contains(r.body, `id="cost-form"`) {
+		t.Fatal("a viewer gets the cost form")
+	}
+	wantStatus(t, "bound part", viewer.get("/ui/part/rules/api/bound"), http.StatusOK, `id="bound-total">321<`)
+	form := url.Values{"csrf": {viewer.csrf()}, "time_zone": {"UTC"}}
+	wantStatus(t, "viewer cost", viewer.post("/ui/rules/api/cost", form, viewer.srv.URL), http.StatusForbidden, "editor")
+
+	editor := newTestConsole(t, back, Options{})
+	editor.login(editorToken)
+	wantStatus(t, "editor rule", editor.get("/ui/rules/api"), http.StatusOK, `id="cost-form"`, `for="c-calendar"`, `for="c-durable"`)
+	tests := []struct {
+		name  string
+		form  url.Values
+		code  int
+		shows []string
+	}{
+		{"bad calendar", url.Values{"calendar": {"YEAR"}}, http.StatusBadRequest, []string{"calendar &#34;YEAR&#34; is not DAY, WEEK or MONTH"}},
+		{"bad duration", url.Values{"reservation_ttl": {"soon"}}, http.StatusBadRequest, []string{"reservation TTL &#34;soon&#34; is not a duration"}},
+		{"the API refuses", url.Values{"calendar": {"DAY"}, "time_zone": {"Mars/Olympus"}}, http.StatusBadRequest,
+			[]string{"time_zone &#34;Mars/Olympus&#34;: unknown time zone", `value="Mars/Olympus"`, `<option value="DAY" selected>`}},
+		{"stale version", url.Values{"expected_version": {"99"}}, http.StatusConflict, []string{"not 99"}},
+		{"saved", url.Values{"calendar": {"DAY"}, "time_zone": {"Europe/Paris"}, "inline_max_limit": {"500"}, "inline_max_period": {"1h"},
+			"reservation_ttl": {"30s"}, "durable": {"on"}}, http.StatusSeeOther, nil},
+	}
+	for _, tt := range tests {
+		tt.form.Set("csrf", editor.csrf())
+		wantStatus(t, tt.name, editor.post("/ui/rules/api/cost", tt.form, editor.srv.URL), tt.code, tt.shows...)
+	}
+	wantStatus(t, "after save", editor.get("/ui/rules/api"), http.StatusOK, "Saved the cost fields of api", `value="Europe/Paris"`,
+		`value="500"`, `value="1h0m0s"`, `value="30s"`, `id="c-durable" name="durable" value="on" checked`, `id="durable-tag"`, "Durable: buckets are replicated")
+	rules := editor.get("/ui/rules")
+	wantStatus(t, "rules list", rules, http.StatusOK, `<a href="/ui/rules/api">api</a> <span class="tag durable">durable</span>`, `<td class="num" data-f="3">11</td>`)
+	if strings.Count(rules.body, `class="tag durable"`) != 1 {
+		t.Fatal("the rules list marks a rule durable that is not")
+	}
+	wantStatus(t, "rules API", editor.get("/ui/api/rules"), http.StatusOK, `"bound":11`)
 }

@@ -185,7 +185,8 @@ func (b *fakeBackend) ListRules(_ context.Context, c Credential) ([]RuleSummary,
 			spark[j] = float64((i*7 + j*13) % 50)
 		}
 		out = append(out, RuleSummary{Name: name, Algorithm: "TOKEN_BUCKET", Limit: 100, Period: time.Second, Version: r.Version,
-			DecisionsPerSecond: float64(i%90) * 1.5, DeniedRatio: float64(i%10) / 100, Utilisation: float64(i%100) / 100, Sparkline: spark})
+			DecisionsPerSecond: float64(i%90) * 1.5, DeniedRatio: float64(i%10) / 100, Utilisation: float64(i%100) / 100, Sparkline: spark,
+			Durable: r.Cost.Durable, Bound: int64(i * 11)})
 	}
 	return out, nil
 }
@@ -378,4 +379,59 @@ func (b fakeFullBackend) ListEnvoyDomains(_ context.Context, c Credential) ([]En
 	}
 	return []EnvoyDomain{{Domain: "edge", Version: 3, Descriptors: 2, Definition: "domain: edge\n",
 		History: []EnvoyVersion{{Version: 3, Principal: "file:edge.yaml", Change: "SYNC", Time: b.clock.Now()}, {Version: 1, Principal: "alice", Change: "PUT"}}}}, nil
+}
+
+// RuleBound gives every member a bound for rule api (durable, with a
+// checkpoint on m1) and nothing for the others.
+func (b fakeFullBackend) RuleBound(_ context.Context, c Credential, rule string) (RuleBound, error) {
+	if err := b.authorize(c, "viewer"); err != nil {
+		return RuleBound{}, err
+	}
+	b.mu.Lock()
+	r, ok := b.rules[rule]
+	b.mu.Unlock()
+	if !ok {
+		return RuleBound{}, status.Errorf(codes.NotFound, "rule %q not found", rule)
+	}
+	out := RuleBound{Durable: r.Cost.Durable, Missing: []string{"m3"}}
+	for i, id := range []string{"m1", "m2"} {
+		nb := NodeBound{Node: id, Parts: []BoundPart{{"unplanned_fresh", 0}, {"leases", 0}, {"debt", 0}, {"replication_lag", 0}}}
+		if rule == "api" {
+			nb.Parts[0].Permits, nb.Parts[3].Permits = int64(100*(i+1)), int64(7*(i+1))
+			nb.Permits = nb.Parts[0].Permits + nb.Parts[3].Permits
+		}
+		if i == 0 {
+			nb.Checkpoint, nb.CheckpointBuckets = b.clock.Now(), 42
+		}
+		out.Nodes = append(out.Nodes, nb)
+	}
+	return out, nil
+}
+
+// PutRuleCost validates as the node does (a known time zone, a
+// non-negative TTL) and stores the fields under expected.
+func (b fakeFullBackend) PutRuleCost(_ context.Context, c Credential, name string, cost Cost, expected uint64) (Rule, error) {
+	if err := b.authorize(c, "editor"); err != nil {
+		return Rule{}, err
+	}
+	if _, err := time.LoadLocation(cost.TimeZone); err != nil {
+		return Rule{}, status.Errorf(codes.InvalidArgument, "rule %q: time_zone %q: unknown time zone", name, cost.TimeZone)
+	}
+	if cost.ReservationTTL < 0 {
+		return Rule{}, status.Errorf(codes.InvalidArgument, "rule %q: reservation_ttl must be >= 0", name)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, ok := b.rules[name]
+	switch {
+	case !ok:
+		return Rule{}, status.Errorf(codes.NotFound, "rule %q not found", name)
+	case expected != 0 && r.Version != expected:
+		return Rule{}, status.Errorf(codes.FailedPrecondition, "rule %q is at version %d, not %d", name, r.Version, expected)
+	}
+	b.index++
+	r.Version, r.Cost = b.index, cost
+	b.rules[name] = r
+	b.history[name] = append([]RuleVersion{{Version: r.Version, Principal: "editor", Time: b.clock.Now(), Change: "update", Definition: r.Definition}}, b.history[name]...)
+	return r, nil
 }

@@ -149,6 +149,14 @@ type ruleData struct {
 	History []RuleVersion
 	// HistoryErr is shown in place of the history when it failed.
 	HistoryErr string
+	// Bound is the over-admission bound (nil: the Backend has none).
+	Bound *boundData
+	// CostForm is the cost fields, as stored or as typed after a failed
+	// save (with CostErr, the server's message); CanEditCost shows the
+	// form rather than the values.
+	CostForm    costForm
+	CostErr     string
+	CanEditCost bool
 }
 
 type topData struct {
@@ -185,19 +193,30 @@ func windowParam(r *request) string {
 func (h *handler) rulePage(w http.ResponseWriter, r *request) {
 	ctx, cancel := h.call(r)
 	defer cancel()
-	name := r.PathValue("name")
+	h.showRule(ctx, w, r, r.PathValue("name"), http.StatusOK, nil, "")
+}
+
+// showRule renders the rule page with code; form and costErr, when set,
+// are a cost form as typed and the message its save failed with.
+func (h *handler) showRule(ctx context.Context, w http.ResponseWriter, r *request, name string, code int, form *costForm, costErr string) {
 	rule, err := h.backend.GetRule(ctx, r.cred, name)
 	if err != nil {
 		h.fail(w, r, err, actRead)
 		return
 	}
-	d := ruleData{Rule: rule, Window: windowParam(r)}
+	d := ruleData{Rule: rule, Window: windowParam(r), CostForm: formOf(rule.Cost), CostErr: costErr}
+	if form != nil {
+		d.CostForm = *form
+	}
+	_, editor := h.backend.(CostEditor)
+	d.CanEditCost = editor && canEdit(r.sess.principal)
 	d.Top = h.topKeys(ctx, r, name, d.Window)
+	d.Bound = h.ruleBound(ctx, r, name, rule.Cost.Durable)
 	d.History, err = h.backend.RuleHistory(ctx, r.cred, name)
 	if err != nil {
 		_, d.HistoryErr = errorMessage(err, r.sess.principal, actRead)
 	}
-	h.show(w, r, http.StatusOK, "rule", "Rule "+name, "rules", d)
+	h.show(w, r, code, "rule", "Rule "+name, "rules", d)
 }
 
 func (h *handler) topPart(w http.ResponseWriter, r *request) {

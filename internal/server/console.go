@@ -185,7 +185,8 @@ func (b *consoleBackend) ListRules(ctx context.Context, c console.Credential) ([
 // over window seconds (nil rr: no decisions in the last hour).
 func summary(r *pb.Rule, rr *pb.RuleRate, window int64) console.RuleSummary {
 	s := console.RuleSummary{Name: r.GetName(), Algorithm: r.GetAlgorithm().String(), Limit: r.GetLimit(),
-		Period: r.GetPeriod().AsDuration(), Version: r.GetVersion(), Shadow: r.GetShadow()}
+		Period: r.GetPeriod().AsDuration(), Version: r.GetVersion(), Shadow: r.GetShadow(), Durable: r.GetDurable(),
+		Bound: rr.GetOveradmissionBoundPermits()}
 	if rr == nil || window <= 0 {
 		return s
 	}
@@ -227,11 +228,7 @@ func (b *consoleBackend) GetRule(ctx context.Context, c console.Credential, name
 	if err != nil {
 		return console.Rule{}, err
 	}
-	def, err := definition(r)
-	if err != nil {
-		return console.Rule{}, err
-	}
-	return console.Rule{Name: r.GetName(), Version: r.GetVersion(), Definition: def}, nil
+	return consoleRule(r)
 }
 
 // RuleSeries implements console.Backend.
@@ -306,11 +303,7 @@ func (b *consoleBackend) PutRule(ctx context.Context, c console.Credential, def 
 	if err != nil {
 		return console.Rule{}, err
 	}
-	out, err := definition(resp.GetRule())
-	if err != nil {
-		return console.Rule{}, err
-	}
-	return console.Rule{Name: resp.GetRule().GetName(), Version: resp.GetRule().GetVersion(), Definition: out}, nil
+	return consoleRule(resp.GetRule())
 }
 
 // RollbackRule implements console.Backend.

@@ -19,8 +19,9 @@ const (
 )
 
 // ListRuleRates implements pb.AdminServiceServer: every rule with
-// decisions in the last hour on some node, with its figures over the
-// window and the hour, summed over every member unless local is set. One
+// decisions in the last hour on some node (or a non-zero over-admission
+// bound), with its figures over the window and the hour and its bound now,
+// summed over every member unless local is set. One
 // call per member, whatever the number of rules: the console's rules list
 // uses it instead of a RuleSeries per rule.
 func (s *adminService) ListRuleRates(ctx context.Context, req *pb.ListRuleRatesRequest) (*pb.ListRuleRatesResponse, error) {
@@ -85,6 +86,7 @@ func addRate(byRule map[string]*pb.RuleRate, pr *pb.RuleRate, steps int64) {
 	r.Denied += pr.GetDenied()
 	r.ShadowDenied += pr.GetShadowDenied()
 	r.Permits += pr.GetPermits()
+	r.OveradmissionBoundPermits += pr.GetOveradmissionBoundPermits()
 	if int64(len(pr.GetSparkline())) == steps {
 		for i, v := range pr.GetSparkline() {
 			r.Sparkline[i] += v
@@ -93,27 +95,37 @@ func addRate(byRule map[string]*pb.RuleRate, pr *pb.RuleRate, steps int64) {
 }
 
 // localRuleRates is this node's figures for every rule of its table that
-// decided here in the hour ending at the second to: sums over the window
-// ending at to, and the hour in steps.
+// decided here in the hour ending at the second to, or whose
+// over-admission bound here is not 0: sums over the window ending at to,
+// the hour in steps, and the bound now.
 func (n *Node) localRuleRates(to, window, steps int64) map[string]*pb.RuleRate {
 	out := map[string]*pb.RuleRate{}
 	now := n.vis.wall()
 	toNs := to * int64(time.Second)
 	width := hourSeconds / steps
+	wall := time.Now()
 	for _, r := range n.data.Table().Rules() {
-		rv := n.visibilityOf(n.data.Table().Get(r.Name))
+		c := n.data.Table().Get(r.Name)
+		if c == nil {
+			continue
+		}
+		bound := n.bound.Permits(c, wall)
+		rv := n.visibilityOf(c)
 		if rv == nil {
+			if bound > 0 {
+				out[r.Name] = &pb.RuleRate{Rule: r.Name, Sparkline: make([]int64, steps), OveradmissionBoundPermits: bound}
+			}
 			continue
 		}
 		hour := rv.series.Sums(now, toNs-(hourSeconds-1)*int64(time.Second), toNs, width)
 		recent := rv.series.Sums(now, toNs-(window-1)*int64(time.Second), toNs, window)
-		rr := &pb.RuleRate{Rule: r.Name, Sparkline: make([]int64, len(hour))}
+		rr := &pb.RuleRate{Rule: r.Name, Sparkline: make([]int64, len(hour)), OveradmissionBoundPermits: bound}
 		active := false
 		for i, p := range hour {
 			rr.Sparkline[i] = p.Admitted + p.Denied + p.ShadowDenied
 			active = active || rr.Sparkline[i] > 0
 		}
-		if !active {
+		if !active && bound == 0 {
 			continue
 		}
 		if len(recent) == 1 {

@@ -5062,15 +5062,18 @@ func (x *ListRuleRatesRequest) GetLocal() bool {
 // RuleRate is one rule's figures: sums over the window, and the
 // decisions of each sparkline step over the last hour, oldest first.
 type RuleRate struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
-	Admitted      int64                  `protobuf:"varint,2,opt,name=admitted,proto3" json:"admitted,omitempty"`
-	Denied        int64                  `protobuf:"varint,3,opt,name=denied,proto3" json:"denied,omitempty"`
-	ShadowDenied  int64                  `protobuf:"varint,4,opt,name=shadow_denied,json=shadowDenied,proto3" json:"shadow_denied,omitempty"`
-	Permits       int64                  `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
-	Sparkline     []int64                `protobuf:"varint,6,rep,packed,name=sparkline,proto3" json:"sparkline,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Rule         string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Admitted     int64                  `protobuf:"varint,2,opt,name=admitted,proto3" json:"admitted,omitempty"`
+	Denied       int64                  `protobuf:"varint,3,opt,name=denied,proto3" json:"denied,omitempty"`
+	ShadowDenied int64                  `protobuf:"varint,4,opt,name=shadow_denied,json=shadowDenied,proto3" json:"shadow_denied,omitempty"`
+	Permits      int64                  `protobuf:"varint,5,opt,name=permits,proto3" json:"permits,omitempty"`
+	Sparkline    []int64                `protobuf:"varint,6,rep,packed,name=sparkline,proto3" json:"sparkline,omitempty"`
+	// The rule's over-admission bound now, in permits, summed over the nodes
+	// (tokenserver_overadmission_bound_permits).
+	OveradmissionBoundPermits int64 `protobuf:"varint,7,opt,name=overadmission_bound_permits,json=overadmissionBoundPermits,proto3" json:"overadmission_bound_permits,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *RuleRate) Reset() {
@@ -5145,9 +5148,17 @@ func (x *RuleRate) GetSparkline() []int64 {
 	return nil
 }
 
+func (x *RuleRate) GetOveradmissionBoundPermits() int64 {
+	if x != nil {
+		return x.OveradmissionBoundPermits
+	}
+	return 0
+}
+
 type ListRuleRatesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The rules with decisions in the last hour, sorted by name.
+	// The rules with decisions in the last hour, or a non-zero
+	// over-admission bound, sorted by name.
 	Rates         []*RuleRate `protobuf:"bytes,1,rep,name=rates,proto3" json:"rates,omitempty"`
 	MissingNodes  []string    `protobuf:"bytes,2,rep,name=missing_nodes,json=missingNodes,proto3" json:"missing_nodes,omitempty"`
 	ToUnix        int64       `protobuf:"varint,3,opt,name=to_unix,json=toUnix,proto3" json:"to_unix,omitempty"`
@@ -5220,6 +5231,254 @@ func (x *ListRuleRatesResponse) GetSteps() int32 {
 		return x.Steps
 	}
 	return 0
+}
+
+type RuleBoundRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rule  string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// Only the answering node's own bound.
+	Local         bool `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleBoundRequest) Reset() {
+	*x = RuleBoundRequest{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleBoundRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleBoundRequest) ProtoMessage() {}
+
+func (x *RuleBoundRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleBoundRequest.ProtoReflect.Descriptor instead.
+func (*RuleBoundRequest) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *RuleBoundRequest) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RuleBoundRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+// BoundPart is one named part of an over-admission bound: unplanned_fresh,
+// leases, debt, replication_lag (docs/operations.md).
+type BoundPart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Permits       int64                  `protobuf:"varint,2,opt,name=permits,proto3" json:"permits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BoundPart) Reset() {
+	*x = BoundPart{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BoundPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BoundPart) ProtoMessage() {}
+
+func (x *BoundPart) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BoundPart.ProtoReflect.Descriptor instead.
+func (*BoundPart) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *BoundPart) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BoundPart) GetPermits() int64 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+// NodeBound is one node's over-admission bound for a rule.
+type NodeBound struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The sum of the parts: the node's tokenserver_overadmission_bound_permits.
+	Permits int64        `protobuf:"varint,2,opt,name=permits,proto3" json:"permits,omitempty"`
+	Parts   []*BoundPart `protobuf:"bytes,3,rep,name=parts,proto3" json:"parts,omitempty"`
+	// When the node last wrote its checkpoint of durable buckets (0: never,
+	// or no data dir), and how many buckets it held.
+	CheckpointUnixNs  int64 `protobuf:"varint,4,opt,name=checkpoint_unix_ns,json=checkpointUnixNs,proto3" json:"checkpoint_unix_ns,omitempty"`
+	CheckpointBuckets int64 `protobuf:"varint,5,opt,name=checkpoint_buckets,json=checkpointBuckets,proto3" json:"checkpoint_buckets,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *NodeBound) Reset() {
+	*x = NodeBound{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeBound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeBound) ProtoMessage() {}
+
+func (x *NodeBound) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeBound.ProtoReflect.Descriptor instead.
+func (*NodeBound) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *NodeBound) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeBound) GetPermits() int64 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+func (x *NodeBound) GetParts() []*BoundPart {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *NodeBound) GetCheckpointUnixNs() int64 {
+	if x != nil {
+		return x.CheckpointUnixNs
+	}
+	return 0
+}
+
+func (x *NodeBound) GetCheckpointBuckets() int64 {
+	if x != nil {
+		return x.CheckpointBuckets
+	}
+	return 0
+}
+
+type RuleBoundResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answering node first, then the others by id.
+	Nodes         []*NodeBound `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	MissingNodes  []string     `protobuf:"bytes,2,rep,name=missing_nodes,json=missingNodes,proto3" json:"missing_nodes,omitempty"`
+	Durable       bool         `protobuf:"varint,3,opt,name=durable,proto3" json:"durable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleBoundResponse) Reset() {
+	*x = RuleBoundResponse{}
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleBoundResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleBoundResponse) ProtoMessage() {}
+
+func (x *RuleBoundResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_v1_tokenserver_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleBoundResponse.ProtoReflect.Descriptor instead.
+func (*RuleBoundResponse) Descriptor() ([]byte, []int) {
+	return file_tokenserver_v1_tokenserver_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *RuleBoundResponse) GetNodes() []*NodeBound {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *RuleBoundResponse) GetMissingNodes() []string {
+	if x != nil {
+		return x.MissingNodes
+	}
+	return nil
+}
+
+func (x *RuleBoundResponse) GetDurable() bool {
+	if x != nil {
+		return x.Durable
+	}
+	return false
 }
 
 var File_tokenserver_v1_tokenserver_proto protoreflect.FileDescriptor
@@ -5567,20 +5826,37 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\ato_unix\x18\x01 \x01(\x03R\x06toUnix\x12%\n" +
 	"\x0ewindow_seconds\x18\x02 \x01(\x05R\rwindowSeconds\x12\x14\n" +
 	"\x05steps\x18\x03 \x01(\x05R\x05steps\x12\x14\n" +
-	"\x05local\x18\x04 \x01(\bR\x05local\"\xaf\x01\n" +
+	"\x05local\x18\x04 \x01(\bR\x05local\"\xef\x01\n" +
 	"\bRuleRate\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\badmitted\x18\x02 \x01(\x03R\badmitted\x12\x16\n" +
 	"\x06denied\x18\x03 \x01(\x03R\x06denied\x12#\n" +
 	"\rshadow_denied\x18\x04 \x01(\x03R\fshadowDenied\x12\x18\n" +
 	"\apermits\x18\x05 \x01(\x03R\apermits\x12\x1c\n" +
-	"\tsparkline\x18\x06 \x03(\x03R\tsparkline\"\xc2\x01\n" +
+	"\tsparkline\x18\x06 \x03(\x03R\tsparkline\x12>\n" +
+	"\x1boveradmission_bound_permits\x18\a \x01(\x03R\x19overadmissionBoundPermits\"\xc2\x01\n" +
 	"\x15ListRuleRatesResponse\x12.\n" +
 	"\x05rates\x18\x01 \x03(\v2\x18.tokenserver.v1.RuleRateR\x05rates\x12#\n" +
 	"\rmissing_nodes\x18\x02 \x03(\tR\fmissingNodes\x12\x17\n" +
 	"\ato_unix\x18\x03 \x01(\x03R\x06toUnix\x12%\n" +
 	"\x0ewindow_seconds\x18\x04 \x01(\x05R\rwindowSeconds\x12\x14\n" +
-	"\x05steps\x18\x05 \x01(\x05R\x05steps*\x92\x01\n" +
+	"\x05steps\x18\x05 \x01(\x05R\x05steps\"<\n" +
+	"\x10RuleBoundRequest\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"9\n" +
+	"\tBoundPart\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\apermits\x18\x02 \x01(\x03R\apermits\"\xc7\x01\n" +
+	"\tNodeBound\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\apermits\x18\x02 \x01(\x03R\apermits\x12/\n" +
+	"\x05parts\x18\x03 \x03(\v2\x19.tokenserver.v1.BoundPartR\x05parts\x12,\n" +
+	"\x12checkpoint_unix_ns\x18\x04 \x01(\x03R\x10checkpointUnixNs\x12-\n" +
+	"\x12checkpoint_buckets\x18\x05 \x01(\x03R\x11checkpointBuckets\"\x83\x01\n" +
+	"\x11RuleBoundResponse\x12/\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.tokenserver.v1.NodeBoundR\x05nodes\x12#\n" +
+	"\rmissing_nodes\x18\x02 \x03(\tR\fmissingNodes\x12\x18\n" +
+	"\adurable\x18\x03 \x01(\bR\adurable*\x92\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTOKEN_BUCKET\x10\x01\x12\x10\n" +
@@ -5619,7 +5895,7 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"RenewLease\x12!.tokenserver.v1.RenewLeaseRequest\x1a\".tokenserver.v1.RenewLeaseResponse\x12T\n" +
 	"\x0eGetClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView\x12X\n" +
 	"\x10WatchClusterView\x12%.tokenserver.v1.GetClusterViewRequest\x1a\x1b.tokenserver.v1.ClusterView0\x01\x12V\n" +
-	"\vCommitToken\x12\".tokenserver.v1.CommitTokenRequest\x1a#.tokenserver.v1.CommitTokenResponse2\xbe\x11\n" +
+	"\vCommitToken\x12\".tokenserver.v1.CommitTokenRequest\x1a#.tokenserver.v1.CommitTokenResponse2\x90\x12\n" +
 	"\fAdminService\x12J\n" +
 	"\aPutRule\x12\x1e.tokenserver.v1.PutRuleRequest\x1a\x1f.tokenserver.v1.PutRuleResponse\x12?\n" +
 	"\aGetRule\x12\x1e.tokenserver.v1.GetRuleRequest\x1a\x14.tokenserver.v1.Rule\x12P\n" +
@@ -5648,7 +5924,8 @@ const file_tokenserver_v1_tokenserver_proto_rawDesc = "" +
 	"\x10ListEnvoyDomains\x12'.tokenserver.v1.ListEnvoyDomainsRequest\x1a(.tokenserver.v1.ListEnvoyDomainsResponse\x12h\n" +
 	"\x11DeleteEnvoyDomain\x12(.tokenserver.v1.DeleteEnvoyDomainRequest\x1a).tokenserver.v1.DeleteEnvoyDomainResponse\x12k\n" +
 	"\x12EnvoyDomainHistory\x12).tokenserver.v1.EnvoyDomainHistoryRequest\x1a*.tokenserver.v1.EnvoyDomainHistoryResponse\x12\\\n" +
-	"\rListRuleRates\x12$.tokenserver.v1.ListRuleRatesRequest\x1a%.tokenserver.v1.ListRuleRatesResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
+	"\rListRuleRates\x12$.tokenserver.v1.ListRuleRatesRequest\x1a%.tokenserver.v1.ListRuleRatesResponse\x12P\n" +
+	"\tRuleBound\x12 .tokenserver.v1.RuleBoundRequest\x1a!.tokenserver.v1.RuleBoundResponseBGZEgithub.com/tokenserver/tokenserver/proto/tokenserver/v1;tokenserverv1b\x06proto3"
 
 var (
 	file_tokenserver_v1_tokenserver_proto_rawDescOnce sync.Once
@@ -5663,7 +5940,7 @@ func file_tokenserver_v1_tokenserver_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenserver_v1_tokenserver_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_tokenserver_v1_tokenserver_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
 	(Algorithm)(0),                     // 0: tokenserver.v1.Algorithm
 	(FallbackPolicy)(0),                // 1: tokenserver.v1.FallbackPolicy
@@ -5746,41 +6023,45 @@ var file_tokenserver_v1_tokenserver_proto_goTypes = []any{
 	(*ListRuleRatesRequest)(nil),       // 78: tokenserver.v1.ListRuleRatesRequest
 	(*RuleRate)(nil),                   // 79: tokenserver.v1.RuleRate
 	(*ListRuleRatesResponse)(nil),      // 80: tokenserver.v1.ListRuleRatesResponse
-	(*durationpb.Duration)(nil),        // 81: google.protobuf.Duration
-	(*status.Status)(nil),              // 82: google.rpc.Status
+	(*RuleBoundRequest)(nil),           // 81: tokenserver.v1.RuleBoundRequest
+	(*BoundPart)(nil),                  // 82: tokenserver.v1.BoundPart
+	(*NodeBound)(nil),                  // 83: tokenserver.v1.NodeBound
+	(*RuleBoundResponse)(nil),          // 84: tokenserver.v1.RuleBoundResponse
+	(*durationpb.Duration)(nil),        // 85: google.protobuf.Duration
+	(*status.Status)(nil),              // 86: google.rpc.Status
 }
 var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	0,  // 0: tokenserver.v1.Rule.algorithm:type_name -> tokenserver.v1.Algorithm
-	81, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
-	81, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
-	81, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
+	85, // 1: tokenserver.v1.Rule.period:type_name -> google.protobuf.Duration
+	85, // 2: tokenserver.v1.Rule.warmup:type_name -> google.protobuf.Duration
+	85, // 3: tokenserver.v1.Rule.penalty:type_name -> google.protobuf.Duration
 	8,  // 4: tokenserver.v1.Rule.overrides:type_name -> tokenserver.v1.Override
 	9,  // 5: tokenserver.v1.Rule.fallback:type_name -> tokenserver.v1.Fallback
 	10, // 6: tokenserver.v1.Rule.lease:type_name -> tokenserver.v1.LeaseSettings
 	3,  // 7: tokenserver.v1.Rule.calendar:type_name -> tokenserver.v1.Calendar
 	6,  // 8: tokenserver.v1.Rule.inline:type_name -> tokenserver.v1.InlinePolicy
-	81, // 9: tokenserver.v1.Rule.reservation_ttl:type_name -> google.protobuf.Duration
-	81, // 10: tokenserver.v1.InlinePolicy.max_period:type_name -> google.protobuf.Duration
+	85, // 9: tokenserver.v1.Rule.reservation_ttl:type_name -> google.protobuf.Duration
+	85, // 10: tokenserver.v1.InlinePolicy.max_period:type_name -> google.protobuf.Duration
 	0,  // 11: tokenserver.v1.InlineLimit.algorithm:type_name -> tokenserver.v1.Algorithm
 	1,  // 12: tokenserver.v1.Fallback.policy:type_name -> tokenserver.v1.FallbackPolicy
-	81, // 13: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
+	85, // 13: tokenserver.v1.LeaseSettings.ttl:type_name -> google.protobuf.Duration
 	7,  // 14: tokenserver.v1.AcquireTokenRequest.limit:type_name -> tokenserver.v1.InlineLimit
 	2,  // 15: tokenserver.v1.AcquireTokenResponse.reason:type_name -> tokenserver.v1.Reason
 	11, // 16: tokenserver.v1.AcquireTokensRequest.requests:type_name -> tokenserver.v1.AcquireTokenRequest
 	15, // 17: tokenserver.v1.AcquireTokensResponse.results:type_name -> tokenserver.v1.AcquireTokensResult
-	82, // 18: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
+	86, // 18: tokenserver.v1.AcquireTokensResult.status:type_name -> google.rpc.Status
 	12, // 19: tokenserver.v1.AcquireTokensResult.response:type_name -> tokenserver.v1.AcquireTokenResponse
 	22, // 20: tokenserver.v1.ClusterView.members:type_name -> tokenserver.v1.Member
 	23, // 21: tokenserver.v1.ClusterView.rules:type_name -> tokenserver.v1.ClientRule
 	0,  // 22: tokenserver.v1.ClientRule.algorithm:type_name -> tokenserver.v1.Algorithm
-	81, // 23: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
+	85, // 23: tokenserver.v1.ClientRule.period:type_name -> google.protobuf.Duration
 	9,  // 24: tokenserver.v1.ClientRule.fallback:type_name -> tokenserver.v1.Fallback
 	10, // 25: tokenserver.v1.ClientRule.lease:type_name -> tokenserver.v1.LeaseSettings
 	5,  // 26: tokenserver.v1.PutRuleRequest.rule:type_name -> tokenserver.v1.Rule
 	5,  // 27: tokenserver.v1.PutRuleResponse.rule:type_name -> tokenserver.v1.Rule
 	5,  // 28: tokenserver.v1.ListRulesResponse.rules:type_name -> tokenserver.v1.Rule
 	33, // 29: tokenserver.v1.ClusterStatusResponse.members:type_name -> tokenserver.v1.MemberStatus
-	81, // 30: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
+	85, // 30: tokenserver.v1.MemberStatus.health_for:type_name -> google.protobuf.Duration
 	47, // 31: tokenserver.v1.PutOverrideRequest.override:type_name -> tokenserver.v1.RuleOverride
 	47, // 32: tokenserver.v1.PutOverrideResponse.override:type_name -> tokenserver.v1.RuleOverride
 	47, // 33: tokenserver.v1.ListOverridesResponse.overrides:type_name -> tokenserver.v1.RuleOverride
@@ -5798,75 +6079,79 @@ var file_tokenserver_v1_tokenserver_proto_depIdxs = []int32{
 	67, // 45: tokenserver.v1.EnvoyDomainVersion.domain:type_name -> tokenserver.v1.EnvoyDomain
 	75, // 46: tokenserver.v1.EnvoyDomainHistoryResponse.versions:type_name -> tokenserver.v1.EnvoyDomainVersion
 	79, // 47: tokenserver.v1.ListRuleRatesResponse.rates:type_name -> tokenserver.v1.RuleRate
-	11, // 48: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
-	13, // 49: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
-	16, // 50: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
-	18, // 51: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
-	20, // 52: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	20, // 53: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
-	45, // 54: tokenserver.v1.TokenService.CommitToken:input_type -> tokenserver.v1.CommitTokenRequest
-	24, // 55: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
-	26, // 56: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
-	27, // 57: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
-	29, // 58: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
-	31, // 59: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
-	34, // 60: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
-	36, // 61: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
-	38, // 62: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
-	40, // 63: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
-	42, // 64: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
-	43, // 65: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
-	48, // 66: tokenserver.v1.AdminService.PutOverride:input_type -> tokenserver.v1.PutOverrideRequest
-	50, // 67: tokenserver.v1.AdminService.DeleteOverride:input_type -> tokenserver.v1.DeleteOverrideRequest
-	52, // 68: tokenserver.v1.AdminService.ListOverrides:input_type -> tokenserver.v1.ListOverridesRequest
-	54, // 69: tokenserver.v1.AdminService.TopKeys:input_type -> tokenserver.v1.TopKeysRequest
-	57, // 70: tokenserver.v1.AdminService.RuleSeries:input_type -> tokenserver.v1.RuleSeriesRequest
-	61, // 71: tokenserver.v1.AdminService.RuleHistory:input_type -> tokenserver.v1.RuleHistoryRequest
-	63, // 72: tokenserver.v1.AdminService.RollbackRule:input_type -> tokenserver.v1.RollbackRuleRequest
-	64, // 73: tokenserver.v1.AdminService.DiffRules:input_type -> tokenserver.v1.DiffRulesRequest
-	68, // 74: tokenserver.v1.AdminService.PutEnvoyDomain:input_type -> tokenserver.v1.PutEnvoyDomainRequest
-	70, // 75: tokenserver.v1.AdminService.GetEnvoyDomain:input_type -> tokenserver.v1.GetEnvoyDomainRequest
-	71, // 76: tokenserver.v1.AdminService.ListEnvoyDomains:input_type -> tokenserver.v1.ListEnvoyDomainsRequest
-	73, // 77: tokenserver.v1.AdminService.DeleteEnvoyDomain:input_type -> tokenserver.v1.DeleteEnvoyDomainRequest
-	76, // 78: tokenserver.v1.AdminService.EnvoyDomainHistory:input_type -> tokenserver.v1.EnvoyDomainHistoryRequest
-	78, // 79: tokenserver.v1.AdminService.ListRuleRates:input_type -> tokenserver.v1.ListRuleRatesRequest
-	12, // 80: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
-	14, // 81: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
-	17, // 82: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
-	19, // 83: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
-	21, // 84: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
-	21, // 85: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
-	46, // 86: tokenserver.v1.TokenService.CommitToken:output_type -> tokenserver.v1.CommitTokenResponse
-	25, // 87: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
-	5,  // 88: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
-	28, // 89: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
-	30, // 90: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
-	32, // 91: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
-	35, // 92: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
-	37, // 93: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
-	39, // 94: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
-	41, // 95: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
-	43, // 96: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
-	44, // 97: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
-	49, // 98: tokenserver.v1.AdminService.PutOverride:output_type -> tokenserver.v1.PutOverrideResponse
-	51, // 99: tokenserver.v1.AdminService.DeleteOverride:output_type -> tokenserver.v1.DeleteOverrideResponse
-	53, // 100: tokenserver.v1.AdminService.ListOverrides:output_type -> tokenserver.v1.ListOverridesResponse
-	56, // 101: tokenserver.v1.AdminService.TopKeys:output_type -> tokenserver.v1.TopKeysResponse
-	59, // 102: tokenserver.v1.AdminService.RuleSeries:output_type -> tokenserver.v1.RuleSeriesResponse
-	62, // 103: tokenserver.v1.AdminService.RuleHistory:output_type -> tokenserver.v1.RuleHistoryResponse
-	25, // 104: tokenserver.v1.AdminService.RollbackRule:output_type -> tokenserver.v1.PutRuleResponse
-	66, // 105: tokenserver.v1.AdminService.DiffRules:output_type -> tokenserver.v1.DiffRulesResponse
-	69, // 106: tokenserver.v1.AdminService.PutEnvoyDomain:output_type -> tokenserver.v1.PutEnvoyDomainResponse
-	67, // 107: tokenserver.v1.AdminService.GetEnvoyDomain:output_type -> tokenserver.v1.EnvoyDomain
-	72, // 108: tokenserver.v1.AdminService.ListEnvoyDomains:output_type -> tokenserver.v1.ListEnvoyDomainsResponse
-	74, // 109: tokenserver.v1.AdminService.DeleteEnvoyDomain:output_type -> tokenserver.v1.DeleteEnvoyDomainResponse
-	77, // 110: tokenserver.v1.AdminService.EnvoyDomainHistory:output_type -> tokenserver.v1.EnvoyDomainHistoryResponse
-	80, // 111: tokenserver.v1.AdminService.ListRuleRates:output_type -> tokenserver.v1.ListRuleRatesResponse
-	80, // [80:112] is the sub-list for method output_type
-	48, // [48:80] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	82, // 48: tokenserver.v1.NodeBound.parts:type_name -> tokenserver.v1.BoundPart
+	83, // 49: tokenserver.v1.RuleBoundResponse.nodes:type_name -> tokenserver.v1.NodeBound
+	11, // 50: tokenserver.v1.TokenService.AcquireToken:input_type -> tokenserver.v1.AcquireTokenRequest
+	13, // 51: tokenserver.v1.TokenService.AcquireTokens:input_type -> tokenserver.v1.AcquireTokensRequest
+	16, // 52: tokenserver.v1.TokenService.RefillToken:input_type -> tokenserver.v1.RefillTokenRequest
+	18, // 53: tokenserver.v1.TokenService.RenewLease:input_type -> tokenserver.v1.RenewLeaseRequest
+	20, // 54: tokenserver.v1.TokenService.GetClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	20, // 55: tokenserver.v1.TokenService.WatchClusterView:input_type -> tokenserver.v1.GetClusterViewRequest
+	45, // 56: tokenserver.v1.TokenService.CommitToken:input_type -> tokenserver.v1.CommitTokenRequest
+	24, // 57: tokenserver.v1.AdminService.PutRule:input_type -> tokenserver.v1.PutRuleRequest
+	26, // 58: tokenserver.v1.AdminService.GetRule:input_type -> tokenserver.v1.GetRuleRequest
+	27, // 59: tokenserver.v1.AdminService.ListRules:input_type -> tokenserver.v1.ListRulesRequest
+	29, // 60: tokenserver.v1.AdminService.DeleteRule:input_type -> tokenserver.v1.DeleteRuleRequest
+	31, // 61: tokenserver.v1.AdminService.ClusterStatus:input_type -> tokenserver.v1.ClusterStatusRequest
+	34, // 62: tokenserver.v1.AdminService.NodeStatus:input_type -> tokenserver.v1.NodeStatusRequest
+	36, // 63: tokenserver.v1.AdminService.JoinCluster:input_type -> tokenserver.v1.JoinClusterRequest
+	38, // 64: tokenserver.v1.AdminService.RemoveMember:input_type -> tokenserver.v1.RemoveMemberRequest
+	40, // 65: tokenserver.v1.AdminService.DrainMember:input_type -> tokenserver.v1.DrainMemberRequest
+	42, // 66: tokenserver.v1.AdminService.SnapshotSave:input_type -> tokenserver.v1.SnapshotSaveRequest
+	43, // 67: tokenserver.v1.AdminService.SnapshotRestore:input_type -> tokenserver.v1.SnapshotChunk
+	48, // 68: tokenserver.v1.AdminService.PutOverride:input_type -> tokenserver.v1.PutOverrideRequest
+	50, // 69: tokenserver.v1.AdminService.DeleteOverride:input_type -> tokenserver.v1.DeleteOverrideRequest
+	52, // 70: tokenserver.v1.AdminService.ListOverrides:input_type -> tokenserver.v1.ListOverridesRequest
+	54, // 71: tokenserver.v1.AdminService.TopKeys:input_type -> tokenserver.v1.TopKeysRequest
+	57, // 72: tokenserver.v1.AdminService.RuleSeries:input_type -> tokenserver.v1.RuleSeriesRequest
+	61, // 73: tokenserver.v1.AdminService.RuleHistory:input_type -> tokenserver.v1.RuleHistoryRequest
+	63, // 74: tokenserver.v1.AdminService.RollbackRule:input_type -> tokenserver.v1.RollbackRuleRequest
+	64, // 75: tokenserver.v1.AdminService.DiffRules:input_type -> tokenserver.v1.DiffRulesRequest
+	68, // 76: tokenserver.v1.AdminService.PutEnvoyDomain:input_type -> tokenserver.v1.PutEnvoyDomainRequest
+	70, // 77: tokenserver.v1.AdminService.GetEnvoyDomain:input_type -> tokenserver.v1.GetEnvoyDomainRequest
+	71, // 78: tokenserver.v1.AdminService.ListEnvoyDomains:input_type -> tokenserver.v1.ListEnvoyDomainsRequest
+	73, // 79: tokenserver.v1.AdminService.DeleteEnvoyDomain:input_type -> tokenserver.v1.DeleteEnvoyDomainRequest
+	76, // 80: tokenserver.v1.AdminService.EnvoyDomainHistory:input_type -> tokenserver.v1.EnvoyDomainHistoryRequest
+	78, // 81: tokenserver.v1.AdminService.ListRuleRates:input_type -> tokenserver.v1.ListRuleRatesRequest
+	81, // 82: tokenserver.v1.AdminService.RuleBound:input_type -> tokenserver.v1.RuleBoundRequest
+	12, // 83: tokenserver.v1.TokenService.AcquireToken:output_type -> tokenserver.v1.AcquireTokenResponse
+	14, // 84: tokenserver.v1.TokenService.AcquireTokens:output_type -> tokenserver.v1.AcquireTokensResponse
+	17, // 85: tokenserver.v1.TokenService.RefillToken:output_type -> tokenserver.v1.RefillTokenResponse
+	19, // 86: tokenserver.v1.TokenService.RenewLease:output_type -> tokenserver.v1.RenewLeaseResponse
+	21, // 87: tokenserver.v1.TokenService.GetClusterView:output_type -> tokenserver.v1.ClusterView
+	21, // 88: tokenserver.v1.TokenService.WatchClusterView:output_type -> tokenserver.v1.ClusterView
+	46, // 89: tokenserver.v1.TokenService.CommitToken:output_type -> tokenserver.v1.CommitTokenResponse
+	25, // 90: tokenserver.v1.AdminService.PutRule:output_type -> tokenserver.v1.PutRuleResponse
+	5,  // 91: tokenserver.v1.AdminService.GetRule:output_type -> tokenserver.v1.Rule
+	28, // 92: tokenserver.v1.AdminService.ListRules:output_type -> tokenserver.v1.ListRulesResponse
+	30, // 93: tokenserver.v1.AdminService.DeleteRule:output_type -> tokenserver.v1.DeleteRuleResponse
+	32, // 94: tokenserver.v1.AdminService.ClusterStatus:output_type -> tokenserver.v1.ClusterStatusResponse
+	35, // 95: tokenserver.v1.AdminService.NodeStatus:output_type -> tokenserver.v1.NodeStatusResponse
+	37, // 96: tokenserver.v1.AdminService.JoinCluster:output_type -> tokenserver.v1.JoinClusterResponse
+	39, // 97: tokenserver.v1.AdminService.RemoveMember:output_type -> tokenserver.v1.RemoveMemberResponse
+	41, // 98: tokenserver.v1.AdminService.DrainMember:output_type -> tokenserver.v1.DrainMemberResponse
+	43, // 99: tokenserver.v1.AdminService.SnapshotSave:output_type -> tokenserver.v1.SnapshotChunk
+	44, // 100: tokenserver.v1.AdminService.SnapshotRestore:output_type -> tokenserver.v1.SnapshotRestoreResponse
+	49, // 101: tokenserver.v1.AdminService.PutOverride:output_type -> tokenserver.v1.PutOverrideResponse
+	51, // 102: tokenserver.v1.AdminService.DeleteOverride:output_type -> tokenserver.v1.DeleteOverrideResponse
+	53, // 103: tokenserver.v1.AdminService.ListOverrides:output_type -> tokenserver.v1.ListOverridesResponse
+	56, // 104: tokenserver.v1.AdminService.TopKeys:output_type -> tokenserver.v1.TopKeysResponse
+	59, // 105: tokenserver.v1.AdminService.RuleSeries:output_type -> tokenserver.v1.RuleSeriesResponse
+	62, // 106: tokenserver.v1.AdminService.RuleHistory:output_type -> tokenserver.v1.RuleHistoryResponse
+	25, // 107: tokenserver.v1.AdminService.RollbackRule:output_type -> tokenserver.v1.PutRuleResponse
+	66, // 108: tokenserver.v1.AdminService.DiffRules:output_type -> tokenserver.v1.DiffRulesResponse
+	69, // 109: tokenserver.v1.AdminService.PutEnvoyDomain:output_type -> tokenserver.v1.PutEnvoyDomainResponse
+	67, // 110: tokenserver.v1.AdminService.GetEnvoyDomain:output_type -> tokenserver.v1.EnvoyDomain
+	72, // 111: tokenserver.v1.AdminService.ListEnvoyDomains:output_type -> tokenserver.v1.ListEnvoyDomainsResponse
+	74, // 112: tokenserver.v1.AdminService.DeleteEnvoyDomain:output_type -> tokenserver.v1.DeleteEnvoyDomainResponse
+	77, // 113: tokenserver.v1.AdminService.EnvoyDomainHistory:output_type -> tokenserver.v1.EnvoyDomainHistoryResponse
+	80, // 114: tokenserver.v1.AdminService.ListRuleRates:output_type -> tokenserver.v1.ListRuleRatesResponse
+	84, // 115: tokenserver.v1.AdminService.RuleBound:output_type -> tokenserver.v1.RuleBoundResponse
+	83, // [83:116] is the sub-list for method output_type
+	50, // [50:83] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_v1_tokenserver_proto_init() }
@@ -5887,7 +6172,7 @@ func file_tokenserver_v1_tokenserver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_v1_tokenserver_proto_rawDesc), len(file_tokenserver_v1_tokenserver_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   76,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

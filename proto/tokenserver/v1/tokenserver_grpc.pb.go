@@ -457,6 +457,7 @@ const (
 	AdminService_DeleteEnvoyDomain_FullMethodName  = "/tokenserver.v1.AdminService/DeleteEnvoyDomain"
 	AdminService_EnvoyDomainHistory_FullMethodName = "/tokenserver.v1.AdminService/EnvoyDomainHistory"
 	AdminService_ListRuleRates_FullMethodName      = "/tokenserver.v1.AdminService/ListRuleRates"
+	AdminService_RuleBound_FullMethodName          = "/tokenserver.v1.AdminService/RuleBound"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -535,6 +536,9 @@ type AdminServiceClient interface {
 	// Every rule's recent decision figures and last hour, summed over every
 	// node: the console's rules list in one call per node.
 	ListRuleRates(ctx context.Context, in *ListRuleRatesRequest, opts ...grpc.CallOption) (*ListRuleRatesResponse, error)
+	// A rule's over-admission bound (tokenserver_overadmission_bound_permits)
+	// on every node, part by part, with its replication and checkpoint state.
+	RuleBound(ctx context.Context, in *RuleBoundRequest, opts ...grpc.CallOption) (*RuleBoundResponse, error)
 }
 
 type adminServiceClient struct {
@@ -807,6 +811,16 @@ func (c *adminServiceClient) ListRuleRates(ctx context.Context, in *ListRuleRate
 	return out, nil
 }
 
+func (c *adminServiceClient) RuleBound(ctx context.Context, in *RuleBoundRequest, opts ...grpc.CallOption) (*RuleBoundResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RuleBoundResponse)
+	err := c.cc.Invoke(ctx, AdminService_RuleBound_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -883,6 +897,9 @@ type AdminServiceServer interface {
 	// Every rule's recent decision figures and last hour, summed over every
 	// node: the console's rules list in one call per node.
 	ListRuleRates(context.Context, *ListRuleRatesRequest) (*ListRuleRatesResponse, error)
+	// A rule's over-admission bound (tokenserver_overadmission_bound_permits)
+	// on every node, part by part, with its replication and checkpoint state.
+	RuleBound(context.Context, *RuleBoundRequest) (*RuleBoundResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -967,6 +984,9 @@ func (UnimplementedAdminServiceServer) EnvoyDomainHistory(context.Context, *Envo
 }
 func (UnimplementedAdminServiceServer) ListRuleRates(context.Context, *ListRuleRatesRequest) (*ListRuleRatesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRuleRates not implemented")
+}
+func (UnimplementedAdminServiceServer) RuleBound(context.Context, *RuleBoundRequest) (*RuleBoundResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RuleBound not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1421,6 +1441,24 @@ func _AdminService_ListRuleRates_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_RuleBound_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RuleBoundRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RuleBound(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RuleBound_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RuleBound(ctx, req.(*RuleBoundRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1519,6 +1557,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRuleRates",
 			Handler:    _AdminService_ListRuleRates_Handler,
+		},
+		{
+			MethodName: "RuleBound",
+			Handler:    _AdminService_RuleBound_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
