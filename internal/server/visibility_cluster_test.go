@@ -32,7 +32,7 @@ func TestTopKeysMergesNodes(t *testing.T) {
 		key := fmt.Sprint("user-", i)
 		owners[c.OwnerOf(key).ID] = true
 		for range i + 1 {
-			if _, err := c.Leader().Token().AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "api", Key: key}); err != nil {
+			if _, err := c.Nodes[0].Token().AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "api", Key: key}); err != nil {
 				t.Fatal(err)
 			}
 			total++
@@ -86,7 +86,7 @@ func TestListRuleRatesMergesNodes(t *testing.T) {
 	for i := range 20 {
 		key := fmt.Sprint("user-", i)
 		owners[c.OwnerOf(key).ID] = true
-		if _, err := c.Leader().Token().AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "api", Key: key, Permits: ptr(int64(2))}); err != nil {
+		if _, err := c.Nodes[0].Token().AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "api", Key: key, Permits: ptr(int64(2))}); err != nil {
 			t.Fatal(err)
 		}
 		total++
