@@ -1,0 +1,114 @@
+package shard
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
+	"github.com/tokenserver/tokenserver/internal/rule"
+)
+
+// TestCommitOfMovedGrant is the regression test of a commit refused on a
+// key's new owner: a reservation made before a handoff is settled after
+// it, on the new owner, exactly once, whether the old owner settled it
+// first or not (the record of settled grants travels with the bucket).
+func TestCommitOfMovedGrant(t *testing.T) {
+	type step struct {
+		where   string // "old" or "new": the map that settles
+		op      string // "commit", "refill"
+		used    int64
+		remain  int64
+		debt    int64
+		settled bool
+	}
+	rules := []*rule.Rule{
+		{Name: "tb", Algorithm: bucket.TokenBucket, Limit: 10, Period: 10 * time.Second},
+		{Name: "fw", Algorithm: bucket.FixedWindow, Limit: 10, Period: 10 * time.Second},
+		{Name: "sw", Algorithm: bucket.SlidingWindow, Limit: 10, Period: 10 * time.Second, SampleCount: 10},
+	}
+	cases := []struct {
+		name  string
+		steps []step // the move happens before the first "new" step
+	}{
+		{"less after move", []step{
+			{where: "new", op: "commit", used: 1, remain: 9, settled: true},
+			{where: "new", op: "commit", used: 1, remain: 9}, // retried
+		}},
+		{"overrun after move", []step{
+			{where: "new", op: "commit", used: 14, remain: 0, debt: 4, settled: true},
+			{where: "new", op: "commit", used: 14, remain: 0, debt: 4},
+		}},
+		{"committed before move", []step{
+			{where: "old", op: "commit", used: 1, remain: 9, settled: true},
+			{where: "new", op: "commit", used: 14, remain: 9},
+		}},
+		{"refilled before move", []step{
+			{where: "old", op: "refill", remain: 10},
+			{where: "new", op: "commit", used: 14, remain: 10},
+		}},
+	}
+	s, get := store(t, rules...)
+	for _, r := range rules {
+		for _, tc := range cases {
+			t.Run(r.Name+"/"+tc.name, func(t *testing.T) {
+				c := get(r.Name)
+				old, nu := New(Config{}), New(Config{})
+				oldNow, newNow := int64(1e15), int64(3e12) // two processes' clocks
+				d := acquire(t, old, c, "k", 4, oldNow)
+				id := d.Grant.String()
+				moved := false
+				for i, st := range tc.steps {
+					m, now := old, oldNow
+					if st.where == "new" {
+						if !moved {
+							move(t, old, nu, s.Table(), oldNow, newNow)
+							moved = true
+						}
+						m, now = nu, newNow
+					}
+					switch st.op {
+					case "refill":
+						if _, rem, err := m.Refill(c, "k", id, -1, now); err != nil || rem != st.remain {
+							t.Fatalf("step %d: refill = remaining %d, %v; want %d", i, rem, err, st.remain)
+						}
+					case "commit":
+						res, err := m.Commit(c, "k", id, st.used, now)
+						if err != nil {
+							t.Fatalf("step %d: commit on the %s owner: %v", i, st.where, err)
+						}
+						if res.Remaining != st.remain || res.Debt != st.debt || res.Settled != st.settled {
+							t.Fatalf("step %d: commit %d on the %s owner = remaining %d debt %d settled %v, want %d %d %v",
+								i, st.used, st.where, res.Remaining, res.Debt, res.Settled, st.remain, st.debt, st.settled)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestRenewAndReleaseOfMovedLease: a concurrency lease taken before a
+// handoff is renewed and released on the new owner, once.
+func TestRenewAndReleaseOfMovedLease(t *testing.T) {
+	s, get := store(t, &rule.Rule{Name: "cc", Algorithm: bucket.Concurrency, Limit: 2, Period: 10 * time.Second})
+	c := get("cc")
+	old, nu := New(Config{}), New(Config{})
+	oldNow, newNow := int64(1e15), int64(3e12)
+	id := acquire(t, old, c, "k", 1, oldNow).Grant.String()
+	acquire(t, old, c, "k", 1, oldNow)
+	move(t, old, nu, s.Table(), oldNow, newNow)
+	newNow += 8 * sec
+	if ok, err := nu.Renew(c, "k", id, newNow); err != nil || !ok {
+		t.Fatalf("renew of a moved lease = %v, %v; want true", ok, err)
+	}
+	newNow += 8 * sec // past the first lease's end, within the renewed one
+	if d := acquire(t, nu, c, "k", 1, newNow); !d.Allowed {
+		t.Fatalf("the unrenewed lease should have expired: %+v", d)
+	}
+	if got, _, err := nu.Refill(c, "k", id, -1, newNow); err != nil || got != 1 {
+		t.Fatalf("release of the moved lease = %d, %v; want 1", got, err)
+	}
+	if got, _, _ := nu.Refill(c, "k", id, -1, newNow); got != 0 {
+		t.Fatalf("second release gave back %d", got)
+	}
+}
