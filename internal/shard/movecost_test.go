@@ -112,3 +112,60 @@ func TestRenewAndReleaseOfMovedLease(t *testing.T) {
 		t.Fatalf("second release gave back %d", got)
 	}
 }
+
+// TestInlineLimitSurvivesMove is the regression test of a bucket that
+// lost its request's limit on a handoff: it was exported and installed
+// under the rule's configuration (here 100 per 10 s, where the request
+// asked 5 per 10 s), so that it refilled at the rule's rate and held the
+// rule's capacity. A key spent under its request's limit stays spent on
+// its new owner, for settlements too; a state without the limit (from an
+// older sender) is judged by the rule's configuration as before.
+func TestInlineLimitSurvivesMove(t *testing.T) {
+	policy := rule.InlinePolicy{MaxLimit: 100, MaxPeriod: 10 * time.Second}
+	rules := []*rule.Rule{
+		{Name: "tb", Algorithm: bucket.TokenBucket, Limit: 100, Period: 10 * time.Second, Inline: policy},
+		{Name: "fw", Algorithm: bucket.FixedWindow, Limit: 100, Period: 10 * time.Second, Inline: policy},
+		{Name: "sw", Algorithm: bucket.SlidingWindow, Limit: 100, Period: 10 * time.Second, SampleCount: 10, Inline: policy},
+	}
+	// What a state without the limit leaves under the rule's 100: the
+	// token bucket's tokens (half of one), the windows' count of 5.
+	oldSender := map[string]int64{"tb": 0, "fw": 95, "sw": 95}
+	s, get := store(t, rules...)
+	for _, r := range rules {
+		t.Run(r.Name, func(t *testing.T) {
+			c := get(r.Name)
+			old, nu := New(Config{}), New(Config{})
+			oldNow, newNow := int64(1e15), int64(3e12)
+			d := acquireInline(t, old, c, "k", 5, 5, oldNow)
+			if !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("spending the request's limit: %+v", d)
+			}
+			// The handoff a second later (a tenth of a token back under
+			// the request's limit, ten under the rule's).
+			oldNow += sec
+			newNow += sec
+			move(t, old, nu, s.Table(), oldNow, newNow)
+			// A settlement before any acquire on the new owner: judged
+			// by the request's limit, not the rule's.
+			res, err := nu.Commit(c, "k", d.Grant.String(), 5, newNow)
+			if err != nil || !res.Settled || res.Remaining != 0 {
+				t.Fatalf("commit of the 5 reserved after the move = %+v, %v; want nothing left under the request's limit", res, err)
+			}
+			if d := acquireInline(t, nu, c, "k", 5, 1, newNow); d.Allowed {
+				t.Fatalf("after the move, the key spent under its limit of 5 is granted again: %+v", d)
+			}
+			st, ok, err := nu.ExportKey(c.Rule.Name, "k", newNow)
+			if err != nil || !ok || st.Inline == nil || st.Inline.Limit != 5 {
+				t.Fatalf("the new owner exports %+v (%v, %v); want it to carry the limit of 5", st.Inline, ok, err)
+			}
+			st.Inline = nil // an older sender
+			plain := New(Config{})
+			if ok, err := plain.Import(s.Table(), st, newNow); !ok || err != nil {
+				t.Fatalf("import without a limit: %v %v", ok, err)
+			}
+			if got := acquire(t, plain, c, "k", 0, newNow).Remaining; got != oldSender[r.Name] {
+				t.Fatalf("a state without a limit keeps its count under the rule's: remaining %d, want %d", got, oldSender[r.Name])
+			}
+		})
+	}
+}
