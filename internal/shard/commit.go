@@ -42,7 +42,8 @@ type CommitResult struct {
 // ErrGrantExpired once the rule's reservation window (Rule.ReservationTTL,
 // by default the window) has passed since the grant; ErrBucketCap when the
 // key's bucket had been evicted and cannot be made again, or its record
-// of settled grants is full.
+// of settled grants is full; ErrMoved when the bucket was handed over to
+// the key's new owner (HandOver), where the grant is settled instead.
 func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int64) (CommitResult, error) {
 	if used < 0 {
 		return CommitResult{}, rule.Invalid("used must be >= 0, got %d", used)
@@ -82,6 +83,9 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 		return CommitResult{}, err
 	}
 	defer e.mu.Unlock()
+	if e.moved {
+		return CommitResult{}, errMoved(e, c) // settled where the state went (export.go)
+	}
 	if c, err = m.resolve(e, c, key, now); err != nil {
 		return CommitResult{}, err
 	}

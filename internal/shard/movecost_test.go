@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -167,5 +168,61 @@ func TestInlineLimitSurvivesMove(t *testing.T) {
 				t.Fatalf("a state without a limit keeps its count under the rule's: remaining %d, want %d", got, oldSender[r.Name])
 			}
 		})
+	}
+}
+
+// TestSettlementsOnAHandedOverBucket is the regression test of a grant
+// settled twice across a move: a commit, refill or renew that reached the
+// old owner after it froze the bucket (HandOver) settled the stale copy,
+// which the new owner never learnt of, so the overrun was lost and a
+// retry on the new owner settled the grant again. The frozen bucket now
+// refuses them with ErrMoved and changes nothing; the new owner settles
+// them once.
+func TestSettlementsOnAHandedOverBucket(t *testing.T) {
+	s, get := store(t,
+		&rule.Rule{Name: "tb", Algorithm: bucket.TokenBucket, Limit: 10, Period: 10 * time.Second},
+		&rule.Rule{Name: "cc", Algorithm: bucket.Concurrency, Limit: 2, Period: 10 * time.Second},
+	)
+	tbc, ccc := get("tb"), get("cc")
+	old, nu := New(Config{}), New(Config{})
+	oldNow, newNow := int64(1e15), int64(3e12)
+	committed := acquire(t, old, tbc, "k", 4, oldNow).Grant.String()
+	refilled := acquire(t, old, tbc, "k", 2, oldNow).Grant.String()
+	lease := acquire(t, old, ccc, "k", 1, oldNow).Grant.String()
+	var states []BucketState
+	if err := old.HandOver(oldNow, func(string, string) bool { return true }, func(st BucketState) error {
+		states = append(states, st)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Commit(tbc, "k", committed, 9, oldNow); !errors.Is(err, ErrMoved) {
+		t.Fatalf("commit on the frozen bucket: %v, want ErrMoved", err)
+	}
+	if _, _, err := old.Refill(tbc, "k", refilled, -1, oldNow); !errors.Is(err, ErrMoved) {
+		t.Fatalf("refill on the frozen bucket: %v, want ErrMoved", err)
+	}
+	if _, err := old.Renew(ccc, "k", lease, oldNow); !errors.Is(err, ErrMoved) {
+		t.Fatalf("renew on the frozen bucket: %v, want ErrMoved", err)
+	}
+	is := old.Issuers()
+	for i := range is {
+		is[i].Offset += newNow - oldNow
+	}
+	nu.AddIssuers(is)
+	for _, st := range states {
+		if ok, err := nu.Import(s.Table(), st, newNow); !ok || err != nil {
+			t.Fatalf("import: %v %v", ok, err)
+		}
+	}
+	res, err := nu.Commit(tbc, "k", committed, 9, newNow)
+	if err != nil || !res.Settled || res.Remaining != 0 || res.Debt != 1 {
+		t.Fatalf("commit on the new owner = %+v, %v; want settled once, 4 + 2 reserved, 9 used: debt 1", res, err)
+	}
+	if got, _, err := nu.Refill(tbc, "k", refilled, -1, newNow); err != nil || got != 2 {
+		t.Fatalf("refill on the new owner = %d, %v; want 2", got, err)
+	}
+	if ok, err := nu.Renew(ccc, "k", lease, newNow); err != nil || !ok {
+		t.Fatalf("renew on the new owner = %v, %v; want true", ok, err)
 	}
 }
