@@ -214,10 +214,13 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 				continue
 			}
 		}
-		if local != nil {
-			local[i] = true
-		}
 		g, err := s.n.decide(ctx, t, v.Epoch, it, &resps[i])
+		if local != nil {
+			// Decided here only when this node sealed the grant: one
+			// another node made while the key moves (handoff.go) is
+			// given back through RefillToken's routing.
+			local[i] = !g.IsZero()
+		}
 		if err != nil {
 			st := toStatus(err)
 			s.n.metrics.observeError(st.Code())

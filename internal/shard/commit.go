@@ -62,6 +62,11 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	if !m.open(&g, bk, c.Rule.Generation) { // this node's grants or a moved key's (export.go)
+		if _, moved := m.Held(c.Rule.Name, key); moved {
+			// Perhaps a grant of the new owner, whose keys this node
+			// does not hold: it is settled there.
+			return CommitResult{}, fmt.Errorf("key %q of rule %q: %w", key, c.Rule.Name, ErrMoved)
+		}
 		return CommitResult{}, fmt.Errorf("grant %q is not a grant of rule %q and key %q on this node nor on a node the key moved from (or the rule was recreated since): %w", grantID, c.Rule.Name, key, ErrGrantNotFound)
 	}
 	window := c.Rule.ReservationWindow(cfg)

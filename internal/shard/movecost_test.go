@@ -225,4 +225,21 @@ func TestSettlementsOnAHandedOverBucket(t *testing.T) {
 	if ok, err := nu.Renew(ccc, "k", lease, newNow); err != nil || !ok {
 		t.Fatalf("renew on the new owner = %v, %v; want true", ok, err)
 	}
+	// Grants the new owner made, sent to the old one (a stale view): the
+	// old owner cannot open them, and sends them on (ErrMoved) rather
+	// than answer that it knows no such grant.
+	tbGrant := acquire(t, nu, tbc, "k", 1, newNow)
+	ccGrant := acquire(t, nu, ccc, "k", 1, newNow)
+	if !tbGrant.Allowed || !ccGrant.Allowed {
+		t.Fatalf("acquires on the new owner: %+v %+v", tbGrant, ccGrant)
+	}
+	if _, err := old.Commit(tbc, "k", tbGrant.Grant.String(), 1, oldNow); !errors.Is(err, ErrMoved) {
+		t.Fatalf("commit of the new owner's grant on the old owner: %v, want ErrMoved", err)
+	}
+	if _, _, err := old.Refill(ccc, "k", ccGrant.Grant.String(), -1, oldNow); !errors.Is(err, ErrMoved) {
+		t.Fatalf("release of the new owner's lease on the old owner: %v, want ErrMoved", err)
+	}
+	if _, err := old.Renew(ccc, "k", ccGrant.Grant.String(), oldNow); !errors.Is(err, ErrMoved) {
+		t.Fatalf("renew of the new owner's lease on the old owner: %v, want ErrMoved", err)
+	}
 }

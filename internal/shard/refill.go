@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
@@ -50,6 +51,11 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	if !m.open(&g, bk, c.Rule.Generation) {
+		if _, moved := m.Held(c.Rule.Name, key); moved {
+			// Perhaps a grant of the new owner, whose keys this node
+			// does not hold: it is given back there.
+			return 0, 0, fmt.Errorf("key %q of rule %q: %w", key, c.Rule.Name, ErrMoved)
+		}
 		return 0, m.peek(c, bk, cfg, now), nil // not a grant of this node, rule generation and key
 	}
 	if permits < 0 || permits > g.Permits {
@@ -196,6 +202,9 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	if !m.open(&g, bk, c.Rule.Generation) {
+		if _, moved := m.Held(c.Rule.Name, key); moved {
+			return false, fmt.Errorf("key %q of rule %q: %w", key, c.Rule.Name, ErrMoved) // renewed at the new owner
+		}
 		return false, nil
 	}
 	sh, h := m.shardOf(bk)
