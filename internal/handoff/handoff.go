@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
@@ -36,6 +37,9 @@ func FromPB(b *peerv1.BucketState) shard.BucketState {
 	for _, r := range b.GetRefilled() {
 		s.Refilled = append(s.Refilled, shard.RefilledGrant{Nonce: r.GetNonce(), ExpiresIn: r.GetExpiresInNs()})
 	}
+	if l := b.GetInline(); l != nil {
+		s.Inline = &rule.InlineLimit{Algorithm: bucket.Algorithm(l.GetAlgorithm()), Limit: l.GetLimit(), Period: time.Duration(l.GetPeriodNs()), Burst: l.GetBurst()}
+	}
 	return s
 }
 
@@ -45,6 +49,9 @@ func ToPB(s shard.BucketState) *peerv1.BucketState {
 		PenaltyLeftNs: s.PenaltyLeft, State: s.State, RefillFloorNs: s.RefillFloor}
 	for _, r := range s.Refilled {
 		b.Refilled = append(b.Refilled, &peerv1.Refilled{Nonce: r.Nonce, ExpiresInNs: r.ExpiresIn})
+	}
+	if l := s.Inline; l != nil {
+		b.Inline = &peerv1.InlineLimit{Algorithm: int32(l.Algorithm), Limit: l.Limit, PeriodNs: int64(l.Period), Burst: l.Burst}
 	}
 	return b
 }

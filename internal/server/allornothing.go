@@ -3,11 +3,13 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/shard"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -120,15 +122,19 @@ func (s *tokenService) settleAllOrNothing(ctx context.Context, items []*pb.Acqui
 }
 
 // giveBack refills all of the grant id of item: on this node when it
-// decided the item, else on the key's owner.
+// decided the item, else on the key's owner; also there when this node
+// handed the key's bucket over since it decided (a move between the
+// grant and its give-back), so that the grant is given back once, on
+// the state the key goes on with.
 func (s *tokenService) giveBack(ctx context.Context, item *pb.AcquireTokenRequest, id string, local bool) error {
 	if local {
 		c, err := lookup(s.n.data.Table(), item.GetRule(), item.GetKey())
 		if err != nil {
 			return err
 		}
-		_, _, err = s.n.buckets.Refill(c, item.GetKey(), id, -1, s.n.now())
-		return err
+		if _, _, err = s.n.buckets.Refill(c, item.GetKey(), id, -1, s.n.now()); !errors.Is(err, shard.ErrMoved) {
+			return err
+		}
 	}
 	_, err := s.RefillToken(ctx, &pb.RefillTokenRequest{Rule: item.GetRule(), Key: item.GetKey(), GrantId: id})
 	return err

@@ -214,10 +214,13 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 				continue
 			}
 		}
-		if local != nil {
-			local[i] = true
-		}
 		g, err := s.n.decide(ctx, t, v.Epoch, it, &resps[i])
+		if local != nil {
+			// Decided here only when this node sealed the grant: one
+			// another node made while the key moves (handoff.go) is
+			// given back through RefillToken's routing.
+			local[i] = !g.IsZero()
+		}
 		if err != nil {
 			st := toStatus(err)
 			s.n.metrics.observeError(st.Code())
@@ -268,22 +271,30 @@ func (s *tokenService) RefillToken(ctx context.Context, req *pb.RefillTokenReque
 	if err != nil {
 		return nil, toError(err)
 	}
+	remote := func(ctx context.Context, c pb.TokenServiceClient) (*pb.RefillTokenResponse, error) {
+		return c.RefillToken(ctx, req)
+	}
 	if owner != nil {
-		return toOwner(ctx, s.n, owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.RefillTokenResponse, error) {
-			return c.RefillToken(ctx, req)
-		})
+		return toOwner(ctx, s.n, owner, remote)
 	}
 	permits := int64(-1)
 	if req.Permits != nil {
 		permits = *req.Permits
 	}
-	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
-	refilled, remaining, err := s.n.buckets.Refill(c, req.GetKey(), req.GetGrantId(), permits, s.n.now())
-	s.n.replica.Touch(c, req.GetKey(), 0)
+	// Where the key's bucket is while it moves (commit.go).
+	resp, err := settle(ctx, s.n, c, req.GetKey(), func() (*pb.RefillTokenResponse, error) {
+		s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
+		refilled, remaining, err := s.n.buckets.Refill(c, req.GetKey(), req.GetGrantId(), permits, s.n.now())
+		s.n.replica.Touch(c, req.GetKey(), 0)
+		if err != nil {
+			return nil, err
+		}
+		return &pb.RefillTokenResponse{Refilled: refilled, Remaining: remaining, RuleVersion: c.Rule.Version}, nil
+	}, remote)
 	if err != nil {
 		return nil, toError(err)
 	}
-	return &pb.RefillTokenResponse{Refilled: refilled, Remaining: remaining, RuleVersion: c.Rule.Version}, nil
+	return resp, nil
 }
 
 // RenewLease implements pb.TokenServiceServer.
@@ -295,20 +306,28 @@ func (s *tokenService) RenewLease(ctx context.Context, req *pb.RenewLeaseRequest
 	if err != nil {
 		return nil, toError(err)
 	}
-	if owner != nil {
-		return toOwner(ctx, s.n, owner, func(ctx context.Context, c pb.TokenServiceClient) (*pb.RenewLeaseResponse, error) {
-			return c.RenewLease(ctx, req)
-		})
+	remote := func(ctx context.Context, c pb.TokenServiceClient) (*pb.RenewLeaseResponse, error) {
+		return c.RenewLease(ctx, req)
 	}
-	s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
-	ok, err := s.n.buckets.Renew(c, req.GetKey(), req.GetGrantId(), s.n.now())
-	s.n.replica.Touch(c, req.GetKey(), 0)
+	if owner != nil {
+		return toOwner(ctx, s.n, owner, remote)
+	}
+	// Where the key's bucket is while it moves (commit.go).
+	resp, err := settle(ctx, s.n, c, req.GetKey(), func() (*pb.RenewLeaseResponse, error) {
+		s.n.installReplica(c, req.GetKey()) // durable rules (replica.go)
+		ok, err := s.n.buckets.Renew(c, req.GetKey(), req.GetGrantId(), s.n.now())
+		s.n.replica.Touch(c, req.GetKey(), 0)
+		if err != nil {
+			return nil, err
+		}
+		resp := &pb.RenewLeaseResponse{Renewed: ok}
+		if ok {
+			resp.ExpiresAfterNs = c.ConfigFor(req.GetKey()).Period
+		}
+		return resp, nil
+	}, remote)
 	if err != nil {
 		return nil, toError(err)
-	}
-	resp := &pb.RenewLeaseResponse{Renewed: ok}
-	if ok {
-		resp.ExpiresAfterNs = c.ConfigFor(req.GetKey()).Period
 	}
 	return resp, nil
 }

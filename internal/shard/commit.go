@@ -11,9 +11,10 @@ import (
 
 // Errors of Commit. Each is wrapped with context; test with errors.Is.
 var (
-	// ErrGrantNotFound means the grant id was not minted by this node for
-	// this rule generation and key: unknown, of another key or rule, or
-	// of a rule deleted since. Nothing changed.
+	// ErrGrantNotFound means the grant id was not minted for this rule
+	// generation and key by this node or a node the key moved from
+	// (Map.AddIssuers): unknown, of another key or rule, or of a rule
+	// deleted since. Nothing changed.
 	ErrGrantNotFound = errors.New("grant not found")
 	// ErrGrantExpired means the grant's reservation TTL has passed: it
 	// stays charged at its estimate, and nothing changed.
@@ -35,11 +36,14 @@ type CommitResult struct {
 // retried commit changes nothing and answers the current state with
 // Settled false. Errors change nothing: rule.ErrInvalid for used < 0, a
 // malformed id or an algorithm without commits (bucket.ErrNoCommit);
-// ErrGrantNotFound for a grant of another node, rule or key;
+// ErrGrantNotFound for a grant of another rule or key, or of a node
+// whose issuer this Map does not hold (a grant of a node the key moved
+// from is accepted as Refill accepts it: AddIssuers);
 // ErrGrantExpired once the rule's reservation window (Rule.ReservationTTL,
 // by default the window) has passed since the grant; ErrBucketCap when the
 // key's bucket had been evicted and cannot be made again, or its record
-// of settled grants is full.
+// of settled grants is full; ErrMoved when the bucket was handed over to
+// the key's new owner (HandOver), where the grant is settled instead.
 func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int64) (CommitResult, error) {
 	if used < 0 {
 		return CommitResult{}, rule.Invalid("used must be >= 0, got %d", used)
@@ -57,8 +61,13 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 	}
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
-	if !m.keys.Open(&g, bk, c.Rule.Generation) {
-		return CommitResult{}, fmt.Errorf("grant %q is not a grant of rule %q and key %q on this node (or the rule was recreated since): %w", grantID, c.Rule.Name, key, ErrGrantNotFound)
+	if !m.open(&g, bk, c.Rule.Generation) { // this node's grants or a moved key's (export.go)
+		if _, moved := m.Held(c.Rule.Name, key); moved {
+			// Perhaps a grant of the new owner, whose keys this node
+			// does not hold: it is settled there.
+			return CommitResult{}, fmt.Errorf("key %q of rule %q: %w", key, c.Rule.Name, ErrMoved)
+		}
+		return CommitResult{}, fmt.Errorf("grant %q is not a grant of rule %q and key %q on this node nor on a node the key moved from (or the rule was recreated since): %w", grantID, c.Rule.Name, key, ErrGrantNotFound)
 	}
 	window := c.Rule.ReservationWindow(cfg)
 	if now >= addSat(g.IssuedAt, window) {
@@ -79,6 +88,9 @@ func (m *Map) Commit(c *rule.Compiled, key, grantID string, used int64, now int6
 		return CommitResult{}, err
 	}
 	defer e.mu.Unlock()
+	if e.moved {
+		return CommitResult{}, errMoved(e, c) // settled where the state went (export.go)
+	}
 	if c, err = m.resolve(e, c, key, now); err != nil {
 		return CommitResult{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/grant"
@@ -29,6 +30,13 @@ type BucketState struct {
 	// of the record (relative); see refillLog.
 	Refilled    []RefilledGrant
 	RefillFloor int64
+	// Inline is the limit the bucket is judged by when the request that
+	// last acquired from it carried one (Map.AcquireInline): State is
+	// encoded under it, and the importer judges the bucket by it until
+	// another acquire brings another limit or none. nil: the rule's
+	// configuration for the key (and all a sender older than this field
+	// sends).
+	Inline *rule.InlineLimit
 }
 
 // RefilledGrant is one grant already given back, forgotten after
@@ -210,15 +218,19 @@ func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bo
 	return nil
 }
 
-// export encodes e; e.mu is held.
+// export encodes e under the configuration it is judged by (a request's
+// limit, which travels along, or its rule's); e.mu is held.
 func (e *entry) export(key string, now int64) (BucketState, error) {
-	cfg := e.rule.ConfigFor(key)
+	cfg := e.config(key)
 	st, err := bucket.MarshalState(cfg, e.b, now)
 	if err != nil {
 		return BucketState{}, fmt.Errorf("export %q: %w", e.key, err)
 	}
 	s := BucketState{Rule: e.rule.Rule.Name, Generation: e.rule.Rule.Generation, Key: key, Seq: e.seq, First: e.first,
 		PenaltyLeft: max(0, e.penaltyUntil-now), State: st}
+	if cfg == e.inl {
+		s.Inline = &rule.InlineLimit{Algorithm: cfg.Algorithm, Limit: cfg.Limit, Period: time.Duration(cfg.Period), Burst: cfg.Burst}
+	}
 	if l := e.refilled; l != nil {
 		s.RefillFloor = l.floor - now
 		for i, n := range l.nonces {
@@ -232,11 +244,14 @@ func (e *entry) export(key string, now int64) (BucketState, error) {
 
 // Import installs s, exported by another node, as of now, under the rule
 // of t it belongs to; false (and nothing changed) when t has no such rule
-// generation any more. Where this Map already holds the key (a call that
-// landed here before the state did, or a bucket left from an earlier
-// ownership), the bucket with fewer permits left is kept, so that an
-// import never hands out more than either side would: grant numbering,
-// penalty and the record of refilled grants are merged.
+// generation any more. A state that carries a request's limit (Inline) is
+// judged by it, as on the exporter, unless an override of the key applies
+// here (the override wins, as for an acquire). Where this Map already
+// holds the key (a call that landed here before the state did, or a
+// bucket left from an earlier ownership), the bucket with fewer permits
+// left is kept, with the configuration that judges it, so that an import
+// never hands out more than either side would: grant numbering, penalty
+// and the record of settled (refilled or committed) grants are merged.
 func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	c := t.Get(s.Rule)
 	if c == nil || c.Rule.Generation != s.Generation {
@@ -245,8 +260,7 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	if len(s.Key) > rule.MaxKeyLen {
 		return false, rule.Invalid("key of %d bytes is above %d", len(s.Key), rule.MaxKeyLen)
 	}
-	cfg := c.ConfigFor(s.Key)
-	b, err := bucket.UnmarshalState(cfg, s.State, now)
+	b, src, own, err := importState(c, s, now)
 	if err != nil {
 		return false, fmt.Errorf("import rule %q: %w", s.Rule, err)
 	}
@@ -255,7 +269,7 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	sh, h := m.shardOf(bk)
 	e := m.lookup(sh, h, bk)
 	if e == nil {
-		if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
+		if e, err = m.lookupOrCreate(sh, h, bk, c, c.ConfigFor(s.Key), own, now); err != nil {
 			return false, fmt.Errorf("import rule %q: %w", s.Rule, err)
 		}
 		if e.seq == e.first-1 && s.First != 0 { // made for this import: the grants of the moved bucket are its own
@@ -266,16 +280,31 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	if e.rule.Rule.Generation != c.Rule.Generation {
 		return false, nil // the key's bucket here is of another generation
 	}
-	if c, err = m.resolve(e, c, s.Key, now); err != nil {
+	v, err := m.resolve(e, c, s.Key, now)
+	if err != nil {
 		return false, err
 	}
-	cfg = c.ConfigFor(s.Key)
+	if v != c { // the bucket here is judged by a newer version of the rule
+		c = v
+		if b, src, own, err = importState(c, s, now); err != nil {
+			return false, fmt.Errorf("import rule %q: %w", s.Rule, err)
+		}
+	}
 	before := e.bytes()
 	peek := bucket.Request{}
-	if e.moved || b.Acquire(cfg, now, peek).Remaining <= e.b.Acquire(cfg, now, peek).Remaining {
+	if e.moved || b.Acquire(src, now, peek).Remaining <= e.b.Acquire(e.config(s.Key), now, peek).Remaining {
 		// A bucket this Map handed over is stale: the state that comes
 		// back is the key's.
 		e.b = b
+		if own != nil {
+			if e.inl == nil || *e.inl != *own {
+				e.inl = own
+			}
+			e.cfg = e.inl
+		} else {
+			e.cfg = src
+		}
+		e.stamp = nil // the next acquire looks its configuration up
 	}
 	e.moved = false
 	e.seq = max(e.seq, s.Seq)
@@ -298,4 +327,52 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	}
 	m.charge(c, e.bytes()-before)
 	return true, nil
+}
+
+// importState decodes s's bucket as of now under c: under the request's
+// limit s carries, when it does and no override of the key applies here
+// (own is then that configuration, which the bucket keeps), else under
+// c's configuration for the key, to which a bucket of a request's limit
+// is resized as an acquire under the override would. src is the
+// configuration that judges b.
+func importState(c *rule.Compiled, s BucketState, now int64) (b bucket.Bucket, src, own *bucket.Config, err error) {
+	src = c.ConfigFor(s.Key)
+	if s.Inline == nil {
+		b, err = bucket.UnmarshalState(src, s.State, now)
+		return b, src, nil, err
+	}
+	inl, err := inlineConfig(c, *s.Inline)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if b, err = bucket.UnmarshalState(&inl, s.State, now); err != nil {
+		return nil, nil, nil, err
+	}
+	if src != &c.Config { // an override of the key wins over the request's limit
+		if inl != *src {
+			b.Reconfigure(&inl, src, now)
+		}
+		return b, src, nil, nil
+	}
+	return b, &inl, &inl, nil
+}
+
+// inlineConfig is the configuration a request's limit l gave a bucket
+// under c on the node that exported it: c's default with l's limit,
+// period and burst. It is not checked against c's inline policy, which
+// judges requests: a bucket keeps the limit it was given until another
+// acquire brings another, here as on the exporter.
+func inlineConfig(c *rule.Compiled, l rule.InlineLimit) (bucket.Config, error) {
+	cfg := c.Config
+	if l.Algorithm != cfg.Algorithm {
+		return bucket.Config{}, rule.Invalid("the state's limit is of algorithm %s, rule %q is %s", l.Algorithm, c.Rule.Name, cfg.Algorithm)
+	}
+	cfg.Limit, cfg.Period, cfg.Burst = l.Limit, int64(l.Period), l.Burst
+	if cfg.Burst == 0 {
+		cfg.Burst = cfg.Limit
+	}
+	if err := cfg.Validate(); err != nil {
+		return bucket.Config{}, rule.Invalid("the state's limit under rule %q: %v", c.Rule.Name, err)
+	}
+	return cfg, nil
 }

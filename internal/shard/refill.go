@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
@@ -35,7 +36,9 @@ func parseGrant(id string) (grant.Grant, error) {
 // Refill gives back up to permits (all the grant took when permits < 0) of
 // the grant named by grantID, or ends a concurrency lease. It returns how
 // many went back and what remains. An unknown, expired or already refilled
-// grant changes nothing and returns 0; a malformed id is rule.ErrInvalid.
+// grant changes nothing and returns 0; a malformed id is rule.ErrInvalid;
+// a bucket handed over to the key's new owner (HandOver) is ErrMoved and
+// changes nothing: the grant is given back there.
 func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now int64) (refilled, remaining int64, err error) {
 	g, err := parseGrant(grantID)
 	if err != nil {
@@ -48,6 +51,11 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	if !m.open(&g, bk, c.Rule.Generation) {
+		if _, moved := m.Held(c.Rule.Name, key); moved {
+			// Perhaps a grant of the new owner, whose keys this node
+			// does not hold: it is given back there.
+			return 0, 0, fmt.Errorf("key %q of rule %q: %w", key, c.Rule.Name, ErrMoved)
+		}
 		return 0, m.peek(c, bk, cfg, now), nil // not a grant of this node, rule generation and key
 	}
 	if permits < 0 || permits > g.Permits {
@@ -59,6 +67,9 @@ func (m *Map) Refill(c *rule.Compiled, key, grantID string, permits int64, now i
 		return 0, bucket.New(cfg, now).Acquire(cfg, now, bucket.Request{}).Remaining, nil
 	}
 	defer e.mu.Unlock()
+	if e.moved {
+		return 0, 0, errMoved(e, c) // export.go
+	}
 	if e.rule.Rule.Generation != c.Rule.Generation {
 		// The bucket is of another generation than the grant: nothing of
 		// the grant is here.
@@ -174,7 +185,8 @@ func (m *Map) peek(c *rule.Compiled, bk []byte, cfg *bucket.Config, now int64) i
 }
 
 // Renew extends the concurrency lease named by grantID by the rule's period
-// and reports whether it was still live.
+// and reports whether it was still live; a bucket handed over to the
+// key's new owner (HandOver) is ErrMoved and changes nothing.
 func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, error) {
 	g, err := parseGrant(grantID)
 	if err != nil {
@@ -190,6 +202,9 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 	var arr [rule.MaxNameLen + 1 + rule.MaxKeyLen]byte
 	bk := bucketKey(arr[:0], c.Rule.Name, key)
 	if !m.open(&g, bk, c.Rule.Generation) {
+		if _, moved := m.Held(c.Rule.Name, key); moved {
+			return false, fmt.Errorf("key %q of rule %q: %w", key, c.Rule.Name, ErrMoved) // renewed at the new owner
+		}
 		return false, nil
 	}
 	sh, h := m.shardOf(bk)
@@ -198,6 +213,9 @@ func (m *Map) Renew(c *rule.Compiled, key, grantID string, now int64) (bool, err
 		return false, nil
 	}
 	defer e.mu.Unlock()
+	if e.moved {
+		return false, errMoved(e, c) // export.go
+	}
 	if e.rule.Rule.Generation != c.Rule.Generation || g.Nonce < e.first {
 		return false, nil // a lease of an earlier bucket of the key
 	}

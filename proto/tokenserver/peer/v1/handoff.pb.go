@@ -283,6 +283,11 @@ type BucketState struct {
 	// refill_floor_ns: grants issued before it are not given back
 	// (relative to sender_now_ns).
 	RefillFloorNs int64 `protobuf:"varint,9,opt,name=refill_floor_ns,json=refillFloorNs,proto3" json:"refill_floor_ns,omitempty"`
+	// inline is the limit the bucket is judged by when the request that
+	// last acquired from it carried one (tokenserver.v1.InlineLimit), in
+	// place of the rule's; absent, the rule's configuration for the key
+	// judges it (as from senders older than this field).
+	Inline        *InlineLimit `protobuf:"bytes,10,opt,name=inline,proto3" json:"inline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -380,6 +385,86 @@ func (x *BucketState) GetRefillFloorNs() int64 {
 	return 0
 }
 
+func (x *BucketState) GetInline() *InlineLimit {
+	if x != nil {
+		return x.Inline
+	}
+	return nil
+}
+
+// InlineLimit is the configuration a request's limit gave a bucket: the
+// rule's, with this limit, period and burst.
+type InlineLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// algorithm is the rule's, as the number of the bucket state's
+	// algorithm byte.
+	Algorithm int32 `protobuf:"varint,1,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	Limit     int64 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	PeriodNs  int64 `protobuf:"varint,3,opt,name=period_ns,json=periodNs,proto3" json:"period_ns,omitempty"`
+	// burst is the capacity (as resolved by the sender: never 0).
+	Burst         int64 `protobuf:"varint,4,opt,name=burst,proto3" json:"burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InlineLimit) Reset() {
+	*x = InlineLimit{}
+	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InlineLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InlineLimit) ProtoMessage() {}
+
+func (x *InlineLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InlineLimit.ProtoReflect.Descriptor instead.
+func (*InlineLimit) Descriptor() ([]byte, []int) {
+	return file_tokenserver_peer_v1_handoff_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *InlineLimit) GetAlgorithm() int32 {
+	if x != nil {
+		return x.Algorithm
+	}
+	return 0
+}
+
+func (x *InlineLimit) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *InlineLimit) GetPeriodNs() int64 {
+	if x != nil {
+		return x.PeriodNs
+	}
+	return 0
+}
+
+func (x *InlineLimit) GetBurst() int64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
 // Refilled is one grant already given back.
 type Refilled struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -393,7 +478,7 @@ type Refilled struct {
 
 func (x *Refilled) Reset() {
 	*x = Refilled{}
-	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[5]
+	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +490,7 @@ func (x *Refilled) String() string {
 func (*Refilled) ProtoMessage() {}
 
 func (x *Refilled) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[5]
+	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +503,7 @@ func (x *Refilled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refilled.ProtoReflect.Descriptor instead.
 func (*Refilled) Descriptor() ([]byte, []int) {
-	return file_tokenserver_peer_v1_handoff_proto_rawDescGZIP(), []int{5}
+	return file_tokenserver_peer_v1_handoff_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Refilled) GetNonce() uint64 {
@@ -446,7 +531,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[6]
+	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +543,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[6]
+	mi := &file_tokenserver_peer_v1_handoff_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +556,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_tokenserver_peer_v1_handoff_proto_rawDescGZIP(), []int{6}
+	return file_tokenserver_peer_v1_handoff_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TransferResponse) GetInstalled() int64 {
@@ -498,7 +583,7 @@ const file_tokenserver_peer_v1_handoff_proto_rawDesc = "" +
 	"\x04last\x18\x05 \x01(\bR\x04last\"9\n" +
 	"\x06Issuer\x12\x12\n" +
 	"\x04keys\x18\x01 \x01(\fR\x04keys\x12\x1b\n" +
-	"\toffset_ns\x18\x02 \x01(\x03R\boffsetNs\"\x9c\x02\n" +
+	"\toffset_ns\x18\x02 \x01(\x03R\boffsetNs\"\xd6\x02\n" +
 	"\vBucketState\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1e\n" +
 	"\n" +
@@ -510,7 +595,14 @@ const file_tokenserver_peer_v1_handoff_proto_rawDesc = "" +
 	"\x0fpenalty_left_ns\x18\x06 \x01(\x03R\rpenaltyLeftNs\x12\x14\n" +
 	"\x05state\x18\a \x01(\fR\x05state\x129\n" +
 	"\brefilled\x18\b \x03(\v2\x1d.tokenserver.peer.v1.RefilledR\brefilled\x12&\n" +
-	"\x0frefill_floor_ns\x18\t \x01(\x03R\rrefillFloorNs\"D\n" +
+	"\x0frefill_floor_ns\x18\t \x01(\x03R\rrefillFloorNs\x128\n" +
+	"\x06inline\x18\n" +
+	" \x01(\v2 .tokenserver.peer.v1.InlineLimitR\x06inline\"t\n" +
+	"\vInlineLimit\x12\x1c\n" +
+	"\talgorithm\x18\x01 \x01(\x05R\talgorithm\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1b\n" +
+	"\tperiod_ns\x18\x03 \x01(\x03R\bperiodNs\x12\x14\n" +
+	"\x05burst\x18\x04 \x01(\x03R\x05burst\"D\n" +
 	"\bRefilled\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\x04R\x05nonce\x12\"\n" +
 	"\rexpires_in_ns\x18\x02 \x01(\x03R\vexpiresInNs\"0\n" +
@@ -532,29 +624,31 @@ func file_tokenserver_peer_v1_handoff_proto_rawDescGZIP() []byte {
 	return file_tokenserver_peer_v1_handoff_proto_rawDescData
 }
 
-var file_tokenserver_peer_v1_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_tokenserver_peer_v1_handoff_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_tokenserver_peer_v1_handoff_proto_goTypes = []any{
 	(*PrepareRequest)(nil),   // 0: tokenserver.peer.v1.PrepareRequest
 	(*PrepareResponse)(nil),  // 1: tokenserver.peer.v1.PrepareResponse
 	(*HandoffBatch)(nil),     // 2: tokenserver.peer.v1.HandoffBatch
 	(*Issuer)(nil),           // 3: tokenserver.peer.v1.Issuer
 	(*BucketState)(nil),      // 4: tokenserver.peer.v1.BucketState
-	(*Refilled)(nil),         // 5: tokenserver.peer.v1.Refilled
-	(*TransferResponse)(nil), // 6: tokenserver.peer.v1.TransferResponse
+	(*InlineLimit)(nil),      // 5: tokenserver.peer.v1.InlineLimit
+	(*Refilled)(nil),         // 6: tokenserver.peer.v1.Refilled
+	(*TransferResponse)(nil), // 7: tokenserver.peer.v1.TransferResponse
 }
 var file_tokenserver_peer_v1_handoff_proto_depIdxs = []int32{
 	3, // 0: tokenserver.peer.v1.HandoffBatch.issuers:type_name -> tokenserver.peer.v1.Issuer
 	4, // 1: tokenserver.peer.v1.HandoffBatch.buckets:type_name -> tokenserver.peer.v1.BucketState
-	5, // 2: tokenserver.peer.v1.BucketState.refilled:type_name -> tokenserver.peer.v1.Refilled
-	0, // 3: tokenserver.peer.v1.HandoffService.Prepare:input_type -> tokenserver.peer.v1.PrepareRequest
-	2, // 4: tokenserver.peer.v1.HandoffService.Transfer:input_type -> tokenserver.peer.v1.HandoffBatch
-	1, // 5: tokenserver.peer.v1.HandoffService.Prepare:output_type -> tokenserver.peer.v1.PrepareResponse
-	6, // 6: tokenserver.peer.v1.HandoffService.Transfer:output_type -> tokenserver.peer.v1.TransferResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	6, // 2: tokenserver.peer.v1.BucketState.refilled:type_name -> tokenserver.peer.v1.Refilled
+	5, // 3: tokenserver.peer.v1.BucketState.inline:type_name -> tokenserver.peer.v1.InlineLimit
+	0, // 4: tokenserver.peer.v1.HandoffService.Prepare:input_type -> tokenserver.peer.v1.PrepareRequest
+	2, // 5: tokenserver.peer.v1.HandoffService.Transfer:input_type -> tokenserver.peer.v1.HandoffBatch
+	1, // 6: tokenserver.peer.v1.HandoffService.Prepare:output_type -> tokenserver.peer.v1.PrepareResponse
+	7, // 7: tokenserver.peer.v1.HandoffService.Transfer:output_type -> tokenserver.peer.v1.TransferResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_tokenserver_peer_v1_handoff_proto_init() }
@@ -568,7 +662,7 @@ func file_tokenserver_peer_v1_handoff_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenserver_peer_v1_handoff_proto_rawDesc), len(file_tokenserver_peer_v1_handoff_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
