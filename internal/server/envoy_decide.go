@@ -93,6 +93,7 @@ func isEnvoyRule(c *rule.Compiled) bool { return strings.HasPrefix(c.Rule.Name, 
 // next owners, as AcquireTokens fails over.
 func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.Hit) ([]envoyrls.Decision, error) {
 	out := make([]envoyrls.Decision, len(hits))
+	now := time.Now().UnixNano() // one read for the hits decided here
 	v := d.n.data.View()
 	var remote map[string][]int
 	var owners map[string]cluster.Member
@@ -102,7 +103,7 @@ func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.
 			return nil, err
 		}
 		if owner == nil {
-			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit); err != nil {
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit, now); err != nil {
 				return nil, err
 			}
 			continue
@@ -149,6 +150,7 @@ func (d *envoyDecider) forward(ctx context.Context, v *cluster.View, hits []envo
 func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []envoyrls.Hit, owner string, idx []int, out []envoyrls.Decision) error {
 	var remote map[string][]int
 	owners := map[string]cluster.Member{}
+	now := time.Now().UnixNano()
 	for _, i := range idx {
 		h := hits[i]
 		next, local, ok := d.n.nextOwner(ctx, v, h.Limit.HashKey(), owner)
@@ -157,7 +159,7 @@ func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []env
 		}
 		if local {
 			var err error
-			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit); err != nil {
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit, now); err != nil {
 				return err
 			}
 			continue
@@ -225,6 +227,7 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 		}
 	}
 	body := make([]byte, 0, 16*len(req.GetDescriptors()))
+	now := time.Now().UnixNano()
 	for i, desc := range req.GetDescriptors() {
 		es, l := desc.GetEntries(), desc.GetLimit()
 		if len(es) != 1 || l == nil || !envoyrls.ValidUnit(envoyrls.Unit(l.GetUnit())) {
@@ -236,7 +239,7 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 		if !ok || err1 != nil || err2 != nil || alg <= 0 || alg > 255 {
 			return nil, failf(ErrBadRequest, "forwarded envoy hit %d: bad algorithm/burst %q", i, es[0].GetValue())
 		}
-		dec, err := d.local(envoyrls.Unit(l.GetUnit()), es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue(), debit[i])
+		dec, err := d.local(envoyrls.Unit(l.GetUnit()), es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue(), debit[i], now)
 		if err != nil {
 			return nil, err
 		}
@@ -245,11 +248,11 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 	return &rlpb.RateLimitResponse{OverallCode: rlpb.RateLimitResponse_OK, RawBody: body}, nil
 }
 
-// local decides one hit on this node's shards, on Unix time. A debit
-// (see envoyrls.Hit.Debit) of the algorithm extension is charged with
+// local decides one hit on this node's shards at now, Unix nanoseconds
+// (the hits of one call share one read of the clock). A debit (see
+// envoyrls.Hit.Debit) of the algorithm extension is charged with
 // Map.Debit, as a commit without a reservation.
-func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64, debit bool) (envoyrls.Decision, error) {
-	now := time.Now().UnixNano()
+func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64, debit bool, now int64) (envoyrls.Decision, error) {
 	n := int64(min(hits, bucket.MaxLimit))
 	if alg == bucket.FixedWindow || alg == bucket.Unspecified {
 		r, err := d.n.buckets.Hit(d.fixed[unit], key, n, now)
