@@ -75,6 +75,17 @@ func (l *Limit) CounterKey() string {
 	return k
 }
 
+// HashKeyOf is the HashKey of a limit of unit and algorithm alg whose
+// CounterKey is counterKey: the counter key without the suffix CounterKey
+// adds. ok is false when counterKey does not end with that suffix.
+func HashKeyOf(counterKey string, unit Unit, alg bucket.Algorithm) (hashKey string, ok bool) {
+	suffix := unitName(unit)
+	if alg != bucket.FixedWindow {
+		suffix += "_" + alg.String()
+	}
+	return strings.CutSuffix(counterKey, suffix)
+}
+
 // unitName is u.String() for the units a limit may have, without the
 // protobuf enum lookup; any other value falls back to it.
 func unitName(u Unit) string {
