@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -77,6 +78,14 @@ func TestJSONHandler(t *testing.T) {
 	fail.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain":"d"}`)))
 	if rec.Code != 500 {
 		t.Fatalf("UNKNOWN overall code: %d", rec.Code)
+	}
+	refused := NewJSONHandler(func(context.Context, *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
+		return nil, fmt.Errorf("authorize: %w", &HTTPError{Code: http.StatusForbidden, Msg: "needs the client role"})
+	})
+	rec = httptest.NewRecorder()
+	refused.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain":"d"}`)))
+	if rec.Code != http.StatusForbidden || strings.TrimSpace(rec.Body.String()) != "needs the client role" {
+		t.Fatalf("an HTTPError: %d %q", rec.Code, rec.Body.String())
 	}
 }
 

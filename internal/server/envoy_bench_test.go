@@ -60,25 +60,46 @@ descriptors:
       requests_per_unit: 4000000000
 `
 
-// envoyBenchConn serves a standalone node with the bench domain over an
-// in-memory connection, as newTestNode does, and returns its RLS client.
-func envoyBenchConn(b *testing.B) rlpb.RateLimitServiceClient {
+// envoyTestNode serves a standalone node with the bench domain over an
+// in-memory connection, as newTestNode does, with mutate's changes to its
+// config and wrap's data plane (each may be nil), and returns it and its
+// connection.
+func envoyTestNode(tb testing.TB, mutate func(*Config), wrap func(*Standalone) DataPlane) (*Node, *grpc.ClientConn) {
+	tb.Helper()
 	cfg := DefaultConfig()
 	cfg.HTTPAddr = ""
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	deps := NewStandalone("node-1", "bufnet", inmem(b, cfg.MaxRules)).Deps()
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	deps := NewStandalone("node-1", "bufnet", inmem(tb, cfg.MaxRules)).Deps()
+	if wrap != nil {
+		deps.Data = wrap(deps.Control.(*Standalone))
+	}
 	deps.Control = envoyControl{ControlPlane: deps.Control, fixedEnvoyStore: fixedEnvoyStore{raftfsm.EnvoyDomains{Index: 1,
 		Domains: []raftfsm.EnvoyDomain{{Name: "bench", YAML: benchEnvoyYAML, Version: 1, Source: "bench.yaml"}}}}}
 	n, err := New(cfg, deps)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Serve(ctx, Listeners{GRPC: lis}) }()
-	b.Cleanup(func() { cancel(); <-done })
-	return rlpb.NewRateLimitServiceClient(dialBuf(b, lis))
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close(); cancel(); <-done })
+	return n, conn
+}
+
+// envoyBenchConn is envoyTestNode's RLS client.
+func envoyBenchConn(b *testing.B) rlpb.RateLimitServiceClient {
+	_, conn := envoyTestNode(b, nil, nil)
+	return rlpb.NewRateLimitServiceClient(conn)
 }
 
 // BenchmarkEnvoyRLS compares ShouldRateLimit with one and with ten
