@@ -219,7 +219,9 @@ func (a httpAddr) String() string  { return string(a) }
 // shouldRateLimitJSON is the /json endpoint's call (jsonHandler).
 func (e *envoy) shouldRateLimitJSON(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
 	out, err := e.n.unary(ctx, req, &grpc.UnaryServerInfo{FullMethod: rlpb.RateLimitService_ShouldRateLimit_FullMethodName},
-		func(ctx context.Context, req any) (any, error) { return e.svc.ShouldRateLimit(ctx, req.(*rlpb.RateLimitRequest)) })
+		func(ctx context.Context, req any) (any, error) {
+			return e.svc.ShouldRateLimit(ctx, req.(*rlpb.RateLimitRequest))
+		})
 	if err == nil {
 		return out.(*rlpb.RateLimitResponse), nil
 	}
