@@ -127,15 +127,7 @@ func BenchmarkEnvoyRLS(b *testing.B) {
 	for _, n := range []int{1, 10} {
 		b.Run(fmt.Sprint("descriptors=", n), func(b *testing.B) {
 			c := envoyBenchConn(b)
-			// 1000 requests of n distinct addresses each, reused in turn.
-			reqs := make([]*rlpb.RateLimitRequest, 1000)
-			for i := range reqs {
-				reqs[i] = &rlpb.RateLimitRequest{Domain: "bench"}
-				for j := 0; j < n; j++ {
-					reqs[i].Descriptors = append(reqs[i].Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
-						{Key: "remote_address", Value: fmt.Sprintf("10.%d.%d.%d", j, i/256, i%256)}}})
-				}
-			}
+			reqs := envoyBenchRequests(n)
 			i := 0
 			runParallel(b, func(ctx context.Context) error {
 				i++
@@ -148,6 +140,42 @@ func BenchmarkEnvoyRLS(b *testing.B) {
 				}
 				return err
 			})
+		})
+	}
+}
+
+// envoyBenchRequests is 1000 requests of n distinct addresses each, to
+// reuse in turn.
+func envoyBenchRequests(n int) []*rlpb.RateLimitRequest {
+	reqs := make([]*rlpb.RateLimitRequest, 1000)
+	for i := range reqs {
+		reqs[i] = &rlpb.RateLimitRequest{Domain: "bench"}
+		for j := 0; j < n; j++ {
+			reqs[i].Descriptors = append(reqs[i].Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+				{Key: "remote_address", Value: fmt.Sprintf("10.%d.%d.%d", j, i/256, i%256)}}})
+		}
+	}
+	return reqs
+}
+
+// BenchmarkEnvoyHandler is BenchmarkEnvoyRLS without gRPC: the node's
+// ShouldRateLimit (matching, counting on the shards, metrics, the answer)
+// called in process, so that its cost per descriptor shows apart from the
+// transport's.
+func BenchmarkEnvoyHandler(b *testing.B) {
+	for _, n := range []int{1, 10} {
+		b.Run(fmt.Sprint("descriptors=", n), func(b *testing.B) {
+			node, _ := envoyTestNode(b, nil, nil)
+			reqs := envoyBenchRequests(n)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				resp, err := node.envoy.ShouldRateLimit(ctx, reqs[i%len(reqs)])
+				if err != nil || resp.GetOverallCode() != rlpb.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() == nil {
+					b.Fatalf("answer %v, %v", resp, err)
+				}
+			}
 		})
 	}
 }
