@@ -134,16 +134,28 @@ func TestFiguresEnvoyRLS(t *testing.T) {
 		rounds = r
 	}
 	t.Logf("pinned (servers on core 0, load on core 1): %v", pinned)
+	// CPU time per call of the serving process: throughput on a shared
+	// machine swings with the neighbours' load; what a call costs the
+	// server does much less, and on a core of its own the ratio of
+	// throughputs is the inverse ratio of these.
+	measure := func(pid int, call func(i int) error) (perSecond, cpuPerCall float64) {
+		before := procCPU(t, pid)
+		perSecond = rate(call)
+		return perSecond, (procCPU(t, pid) - before).Seconds() / (perSecond * dur.Seconds())
+	}
+	srv, bench := s.cmd.Process.Pid, bare.Process.Pid
 	for range rounds {
-		bareRate := rate(func(int) error { _, err := health.Check(ctx, &healthpb.HealthCheckRequest{}); return err })
-		acqRate := rate(func(i int) error {
+		bareRate, bareCPU := measure(bench, func(int) error { _, err := health.Check(ctx, &healthpb.HealthCheckRequest{}); return err })
+		acqRate, acqCPU := measure(srv, func(i int) error {
 			_, err := token.AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "bench", Key: keys[i%len(keys)]})
 			return err
 		})
-		oneRate := rate(func(i int) error { _, err := rls.ShouldRateLimit(ctx, one[i%len(one)]); return err })
-		tenRate := rate(func(i int) error { _, err := rls.ShouldRateLimit(ctx, ten[i%len(ten)]); return err })
+		oneRate, oneCPU := measure(srv, func(i int) error { _, err := rls.ShouldRateLimit(ctx, one[i%len(one)]); return err })
+		tenRate, tenCPU := measure(srv, func(i int) error { _, err := rls.ShouldRateLimit(ctx, ten[i%len(ten)]); return err })
 		t.Logf("bare %.0f calls/s; AcquireToken %.0f/s (%.2f of bare); ShouldRateLimit 1 descriptor %.0f/s (%.2f of bare, %.2f of AcquireToken); 10 descriptors %.0f/s (%.2f of bare, a call costs %.2f× one)",
 			bareRate, acqRate, acqRate/bareRate, oneRate, oneRate/bareRate, oneRate/acqRate, tenRate, tenRate/bareRate, oneRate/tenRate)
+		t.Logf("server CPU per call: bare %.1f µs; AcquireToken %.1f µs (bare/this %.2f); ShouldRateLimit 1 descriptor %.1f µs (bare/this %.2f); 10 descriptors %.1f µs (%.2f× one)",
+			bareCPU*1e6, acqCPU*1e6, bareCPU/acqCPU, oneCPU*1e6, bareCPU/oneCPU, tenCPU*1e6, tenCPU/oneCPU)
 	}
 }
 
