@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -78,6 +79,8 @@ type spec struct {
 	detailed        bool
 	algorithm       bucket.Algorithm
 	burst           int64
+	// stats caches the metric counters of the rule label (Metrics.stats).
+	stats atomic.Pointer[ruleStats]
 }
 
 // ParseDomain parses one envoyproxy/ratelimit YAML file. It refuses what the

@@ -52,17 +52,89 @@ type Limit struct {
 	DetailedRule string
 	// Metadata is the descriptor's metadata, if any.
 	Metadata *structpb.Struct
+
+	// counterKey is CounterKey, set by Resolve with Key.
+	counterKey string
+	// spec is the configured limit Resolve matched (nil for overrides); it
+	// caches the metric counters of its rule label.
+	spec *spec
 }
 
 // CounterKey identifies the limit's counter across windows: the Key plus the
 // unit, plus the algorithm when it is not a fixed window. The reference's
-// cache key is CacheKey.
+// cache key is CacheKey. Resolve builds it with the Key, in one allocation;
+// a Limit built otherwise computes it on each call.
 func (l *Limit) CounterKey() string {
-	k := l.Key + l.Unit.String()
+	if l.counterKey != "" {
+		return l.counterKey
+	}
+	k := l.Key + unitName(l.Unit)
 	if l.Algorithm != bucket.FixedWindow {
 		k += "_" + l.Algorithm.String()
 	}
 	return k
+}
+
+// HashKeyOf is the HashKey of a limit of unit and algorithm alg whose
+// CounterKey is counterKey: the counter key without the suffix CounterKey
+// adds. ok is false when counterKey does not end with that suffix.
+func HashKeyOf(counterKey string, unit Unit, alg bucket.Algorithm) (hashKey string, ok bool) {
+	suffix := unitName(unit)
+	if alg != bucket.FixedWindow {
+		suffix += "_" + alg.String()
+	}
+	return strings.CutSuffix(counterKey, suffix)
+}
+
+// unitName is u.String() for the units a limit may have, without the
+// protobuf enum lookup; any other value falls back to it.
+func unitName(u Unit) string {
+	switch u {
+	case UnitSecond:
+		return "SECOND"
+	case UnitMinute:
+		return "MINUTE"
+	case UnitHour:
+		return "HOUR"
+	case UnitDay:
+		return "DAY"
+	case UnitWeek:
+		return "WEEK"
+	case UnitMonth:
+		return "MONTH"
+	case UnitYear:
+		return "YEAR"
+	}
+	return u.String()
+}
+
+// setKeys sets l.Key to the reference's cache key base of entries
+// (cacheKeyBase) and l.counterKey to CounterKey, sharing one string.
+// l.Unit and l.Algorithm must be set.
+func (l *Limit) setKeys(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, patterns []string) {
+	unit := unitName(l.Unit)
+	alg := ""
+	if l.Algorithm != bucket.FixedWindow {
+		alg = l.Algorithm.String()
+	}
+	n := len(domain) + 1 + len(unit) + len(alg) + 1
+	for _, e := range entries {
+		n += len(e.GetKey()) + len(e.GetValue()) + 2
+	}
+	for _, p := range patterns {
+		n += len(p)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	writeCacheKeyBase(&b, domain, entries, patterns)
+	keyLen := b.Len()
+	b.WriteString(unit)
+	if alg != "" {
+		b.WriteByte('_')
+		b.WriteString(alg)
+	}
+	s := b.String()
+	l.Key, l.counterKey = s[:keyLen], s
 }
 
 // CacheKey is the reference's exact cache key at nowUnix (without its
@@ -96,21 +168,35 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 	if d == nil {
 		return nil
 	}
+	l := new(Limit)
+	if !d.resolve(l, desc) {
+		return nil
+	}
+	return l
+}
+
+// resolve is Resolve in d, into l (which it overwrites): false when the
+// descriptor is not limited. It allocates only the limit's keys on the
+// common path; the per-entry lookups and metric names are built on the
+// stack.
+func (d *Domain) resolve(l *Limit, desc *ratelimitv3.RateLimitDescriptor) bool {
+	domain := d.name
 	entries := desc.GetEntries()
 	if o := desc.GetLimit(); o != nil {
 		u := Unit(o.GetUnit())
 		if !ValidUnit(u) {
-			return nil
+			return false
 		}
-		return &Limit{
+		*l = Limit{
 			Domain:          domain,
-			Key:             cacheKeyBase(domain, entries, nil),
 			Unit:            u,
 			RequestsPerUnit: o.GetRequestsPerUnit(),
 			Override:        true,
 			Algorithm:       bucket.FixedWindow,
 			Rule:            OverrideRule,
 		}
+		l.setKeys(domain, entries, nil)
+		return true
 	}
 
 	children := d.root.children
@@ -118,18 +204,20 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 	var found *spec
 	var foundNode *node
 	var shared map[int]string // entry index → share_threshold pattern value
-	var detailed, valueMetric strings.Builder
-	detailed.WriteString(domain)
-	valueMetric.WriteString(domain)
+	// valueMetric is the reference's value-to-metric stats key
+	// (domain.key_value.key...), built without allocating while short.
+	var vmBuf, fkBuf [128]byte
+	valueMetric := append(vmBuf[:0], domain...)
 
 	for i, e := range entries {
-		finalKey := e.GetKey() + "_" + e.GetValue()
-		detailed.WriteString(".")
-		detailed.WriteString(finalKey)
+		fk := append(fkBuf[:0], e.GetKey()...)
+		fk = append(fk, '_')
+		fk = append(fk, e.GetValue()...)
 
-		next := children[finalKey]
+		next := children[string(fk)]
 		matchedWildcard := ""
-		if next == nil {
+		if next == nil && len(prev.wildcards) > 0 {
+			finalKey := string(fk)
 			for _, w := range prev.wildcards {
 				if wildcardMatch(w.parts, finalKey) {
 					next = children[w.key]
@@ -149,8 +237,8 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 			shared[i] = strings.TrimPrefix(next.pattern, e.GetKey()+"_")
 		}
 
-		valueMetric.WriteString(".")
-		valueMetric.WriteString(e.GetKey())
+		valueMetric = append(valueMetric, '.')
+		valueMetric = append(valueMetric, e.GetKey()...)
 		if next != nil {
 			v := ""
 			switch {
@@ -166,8 +254,8 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 				v = e.GetValue()
 			}
 			if v != "" {
-				valueMetric.WriteString("_")
-				valueMetric.WriteString(v)
+				valueMetric = append(valueMetric, '_')
+				valueMetric = append(valueMetric, v...)
 			}
 		}
 
@@ -181,7 +269,7 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 		prev = next
 	}
 	if found == nil {
-		return nil
+		return false
 	}
 
 	var patterns []string
@@ -191,9 +279,10 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 			patterns[i] = p
 		}
 	}
-	l := &Limit{
+	// found.fullKey and the metric keys all start with "domain." (a match
+	// has at least one entry): the rule labels are what follows.
+	*l = Limit{
 		Domain:          domain,
-		Key:             cacheKeyBase(domain, entries, patterns),
 		Unit:            found.unit,
 		RequestsPerUnit: found.requestsPerUnit,
 		Name:            found.name,
@@ -203,9 +292,11 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 		Quota:           found.quota,
 		Algorithm:       found.algorithm,
 		Burst:           found.burst,
-		Rule:            strings.TrimPrefix(found.fullKey, domain+"."),
+		Rule:            found.fullKey[len(domain)+1:],
 		Metadata:        foundNode.metadata,
+		spec:            found,
 	}
+	l.setKeys(domain, entries, patterns)
 	switch {
 	case found.detailed && len(shared) > 0:
 		var b strings.Builder
@@ -221,20 +312,29 @@ func (c *Config) Resolve(domain string, desc *ratelimitv3.RateLimitDescriptor) *
 		}
 		l.DetailedRule = strings.TrimPrefix(b.String(), domain+".")
 	case found.detailed:
-		l.DetailedRule = strings.TrimPrefix(detailed.String(), domain+".")
+		// The reference's detailed key: domain.key_value for every entry.
+		var b strings.Builder
+		for i, e := range entries {
+			if i > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(e.GetKey())
+			b.WriteByte('_')
+			b.WriteString(e.GetValue())
+		}
+		l.DetailedRule = b.String()
 	default:
-		if k := valueMetric.String(); k != found.fullKey {
-			l.DetailedRule = strings.TrimPrefix(k, domain+".")
+		if string(valueMetric) != found.fullKey {
+			l.DetailedRule = string(valueMetric[len(domain)+1:])
 		}
 	}
-	return l
+	return true
 }
 
-// cacheKeyBase is the reference's cache key up to the window:
+// writeCacheKeyBase writes the reference's cache key up to the window:
 // domain_key_value_key_value_, with share_threshold patterns in place of
 // values where patterns has one.
-func cacheKeyBase(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, patterns []string) string {
-	var b strings.Builder
+func writeCacheKeyBase(b *strings.Builder, domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, patterns []string) {
 	b.WriteString(domain)
 	b.WriteByte('_')
 	for i, e := range entries {
@@ -247,7 +347,6 @@ func cacheKeyBase(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entr
 		b.WriteString(v)
 		b.WriteByte('_')
 	}
-	return b.String()
 }
 
 // wildcardMatch reports whether value matches a pattern split on '*'; each

@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -106,11 +107,54 @@ func (m *Metrics) rule(l *Limit) string {
 	return l.DetailedRule
 }
 
-func (m *Metrics) add(domain, rule string, s stat, n uint64) {
-	if m == nil || n == 0 {
+// ruleStats are the counters of one (domain, rule) label pair, each
+// resolved from its CounterVec on its first non-zero add (so a series
+// appears only once it counts, as with WithLabelValues at each add) and
+// kept: the vectors never delete a child. A configured limit caches them
+// on its spec, which saves hashing the labels on every hit.
+type ruleStats struct {
+	m            *Metrics
+	domain, rule string
+	cached       bool
+	c            [numStats]atomic.Pointer[statCounter]
+}
+
+type statCounter struct{ prometheus.Counter }
+
+// stats returns the counters of l under its label (see rule): cached on
+// l's spec for its configured rule label, else resolved at each add. nil
+// counts nothing.
+func (m *Metrics) stats(l *Limit) *ruleStats {
+	if m == nil {
+		return nil
+	}
+	label := m.rule(l)
+	sp := l.spec
+	if sp == nil || label != l.Rule {
+		return &ruleStats{m: m, domain: l.Domain, rule: label}
+	}
+	if r := sp.stats.Load(); r != nil && r.m == m && r.domain == l.Domain && r.rule == label {
+		return r
+	}
+	r := &ruleStats{m: m, domain: l.Domain, rule: label, cached: true}
+	sp.stats.Store(r)
+	return r
+}
+
+func (r *ruleStats) add(s stat, n uint64) {
+	if r == nil || n == 0 {
 		return
 	}
-	m.counters[s].WithLabelValues(domain, rule).Add(float64(n))
+	if !r.cached {
+		r.m.counters[s].WithLabelValues(r.domain, r.rule).Add(float64(n))
+		return
+	}
+	c := r.c[s].Load()
+	if c == nil {
+		c = &statCounter{r.m.counters[s].WithLabelValues(r.domain, r.rule)}
+		r.c[s].Store(c)
+	}
+	c.Add(float64(n))
 }
 
 func (m *Metrics) unknownDomain() {

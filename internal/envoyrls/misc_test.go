@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/tokenserver/tokenserver/internal/bucket"
 )
 
 func TestWindows(t *testing.T) {
@@ -74,6 +78,14 @@ func TestJSONHandler(t *testing.T) {
 	fail.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain":"d"}`)))
 	if rec.Code != 500 {
 		t.Fatalf("UNKNOWN overall code: %d", rec.Code)
+	}
+	refused := NewJSONHandler(func(context.Context, *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
+		return nil, fmt.Errorf("authorize: %w", &HTTPError{Code: http.StatusForbidden, Msg: "needs the client role"})
+	})
+	rec = httptest.NewRecorder()
+	refused.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(`{"domain":"d"}`)))
+	if rec.Code != http.StatusForbidden || strings.TrimSpace(rec.Body.String()) != "needs the client role" {
+		t.Fatalf("an HTTPError: %d %q", rec.Code, rec.Body.String())
 	}
 }
 
@@ -203,5 +215,33 @@ func TestExampleConfigParses(t *testing.T) {
 	}
 	if bc := l.BucketConfig(); bc.Validate() != nil {
 		t.Fatalf("tenant bucket: %v", bc.Validate())
+	}
+}
+
+// TestCounterKeys: Resolve's keys are the ones a Limit built by hand
+// computes (unitName spells units as their String), and HashKeyOf gives
+// the HashKey back from a CounterKey.
+func TestCounterKeys(t *testing.T) {
+	for u := UnitUnknown; u <= UnitWeek; u++ {
+		if unitName(u) != u.String() {
+			t.Errorf("unitName(%d) = %q, want %q", u, unitName(u), u.String())
+		}
+	}
+	for _, alg := range []bucket.Algorithm{bucket.FixedWindow, bucket.TokenBucket, bucket.SlidingLog} {
+		for _, u := range []Unit{UnitSecond, UnitMonth, UnitWeek} {
+			l := &Limit{Domain: "d", Unit: u, Algorithm: alg}
+			entries := []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v_SECOND"}, {Key: "x"}}
+			l.setKeys("d", entries, nil)
+			byHand := &Limit{Key: l.Key, Unit: u, Algorithm: alg}
+			if l.Key != "d_k_v_SECOND_x__" || l.CounterKey() != byHand.CounterKey() {
+				t.Errorf("%v %v: key %q counter %q, want d_k_v_SECOND_x__ and %q", alg, u, l.Key, l.CounterKey(), byHand.CounterKey())
+			}
+			if h, ok := HashKeyOf(l.CounterKey(), u, alg); !ok || h != l.HashKey() {
+				t.Errorf("%v %v: HashKeyOf(%q) = %q, %v; want %q", alg, u, l.CounterKey(), h, ok, l.HashKey())
+			}
+		}
+	}
+	if _, ok := HashKeyOf("d_k_v_SECOND", UnitMinute, bucket.FixedWindow); ok {
+		t.Error("HashKeyOf took a key of another unit")
 	}
 }

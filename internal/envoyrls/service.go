@@ -97,6 +97,10 @@ func NewService(config func() *Config, d Decider, o Options) *Service {
 // is counted), resolves every descriptor, lets the Decider count the limited
 // ones, and assembles the answer as the reference does. An error from the
 // Decider is returned wrapped.
+//
+// The per-descriptor values of one call (limits, hits, statuses and their
+// messages) are allocated as one array each rather than one object per
+// descriptor: a call's cost grows slowly with its descriptors.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
 	if err := ValidateRequest(req); err != nil {
 		return nil, err
@@ -107,42 +111,63 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitReques
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
 
-	if cfg.Domain(domain) == nil {
+	dom := cfg.Domain(domain)
+	if dom == nil {
 		s.opts.Metrics.unknownDomain()
 	}
 
 	// The reference's constructLimitsToCheck.
+	var limitsBuf []Limit
 	limits := make([]*Limit, len(descs))
 	unlimited := make([]bool, len(descs))
-	replacing := map[string]bool{}
-	for i, d := range descs {
-		l := cfg.Resolve(domain, d)
-		if l == nil {
-			continue
+	var replacing map[string]bool
+	if dom != nil {
+		limitsBuf = make([]Limit, len(descs))
+		for i, d := range descs {
+			l := &limitsBuf[i]
+			if !dom.resolve(l, d) {
+				continue
+			}
+			for _, r := range l.Replaces {
+				if replacing == nil {
+					replacing = map[string]bool{}
+				}
+				replacing[r] = true
+			}
+			if l.Unlimited {
+				unlimited[i] = true
+				continue
+			}
+			limits[i] = l
 		}
-		for _, r := range l.Replaces {
-			replacing[r] = true
-		}
-		if l.Unlimited {
-			unlimited[i] = true
-			continue
-		}
-		limits[i] = l
 	}
-	for i, l := range limits {
-		if l != nil && l.Name != "" && replacing[l.Name] {
-			limits[i] = nil
+	if replacing != nil {
+		for i, l := range limits {
+			if l != nil && l.Name != "" && replacing[l.Name] {
+				limits[i] = nil
+			}
 		}
 	}
 
-	addends := HitsAddends(req)
+	// The costs, as HitsAddends counts them.
+	reqAddend := max(1, uint64(req.GetHitsAddend()))
 	var hits []Hit
-	idx := make([]int, 0, len(descs))
+	var idx []int
 	for i, l := range limits {
-		if l != nil {
-			hits = append(hits, Hit{Limit: l, Hits: addends[i], Debit: descs[i].GetHitsAddend() != nil && addends[i] > 0})
-			idx = append(idx, i)
+		if l == nil {
+			continue
 		}
+		if hits == nil {
+			hits = make([]Hit, 0, len(descs)-i)
+			idx = make([]int, 0, len(descs)-i)
+		}
+		h := Hit{Limit: l, Hits: reqAddend}
+		if ha := descs[i].GetHitsAddend(); ha != nil {
+			h.Hits = ha.GetValue()
+			h.Debit = h.Hits > 0
+		}
+		hits = append(hits, h)
+		idx = append(idx, i)
 	}
 	var decisions []Decision
 	if len(hits) > 0 {
@@ -156,16 +181,22 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitReques
 		}
 	}
 
+	statusBuf := make([]rlpb.RateLimitResponse_DescriptorStatus, len(descs))
 	statuses := make([]*rlpb.RateLimitResponse_DescriptorStatus, len(descs))
 	for i := range statuses {
-		statuses[i] = &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK}
+		statuses[i] = &statusBuf[i]
+		statuses[i].Code = rlpb.RateLimitResponse_OK
 	}
-	for j, i := range idx {
-		statuses[i] = s.status(limits[i], hits[j].Hits, decisions[j], nowUnix)
+	if len(hits) > 0 {
+		limitBuf := make([]rlpb.RateLimitResponse_RateLimit, len(hits))
+		durBuf := make([]durationpb.Duration, len(hits))
+		for j, i := range idx {
+			s.status(statuses[i], &limitBuf[j], &durBuf[j], limits[i], hits[j].Hits, decisions[j], nowUnix)
+		}
 	}
 
 	// The reference's shouldRateLimitWorker.
-	resp := &rlpb.RateLimitResponse{Statuses: make([]*rlpb.RateLimitResponse_DescriptorStatus, len(descs))}
+	resp := &rlpb.RateLimitResponse{Statuses: statuses}
 	minRemaining := uint32(math.MaxUint32)
 	var minimum *rlpb.RateLimitResponse_DescriptorStatus
 	failedRate, failedQuota, totalQuota := 0, 0, 0
@@ -175,10 +206,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitReques
 			minimum, minRemaining = st, st.LimitRemaining
 		}
 		if unlimited[i] {
-			resp.Statuses[i] = &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			st.LimitRemaining = math.MaxUint32
 			continue
 		}
-		resp.Statuses[i] = st
 		quota := limits[i] != nil && limits[i].Quota
 		if st.Code == rlpb.RateLimitResponse_OVER_LIMIT {
 			if quota {
@@ -207,51 +237,50 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitReques
 }
 
 // status is the reference's GetResponseDescriptorStatus for one limited
-// descriptor, with its statistics.
-func (s *Service) status(l *Limit, hits uint64, d Decision, nowUnix int64) *rlpb.RateLimitResponse_DescriptorStatus {
-	m := s.opts.Metrics
-	rule := m.rule(l)
-	m.add(l.Domain, rule, statTotalHits, hits)
-	limit := &rlpb.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit}
+// descriptor, with its statistics: it fills st, with limit and dur as its
+// current_limit and duration_until_reset.
+func (s *Service) status(st *rlpb.RateLimitResponse_DescriptorStatus, limit *rlpb.RateLimitResponse_RateLimit, dur *durationpb.Duration,
+	l *Limit, hits uint64, d Decision, nowUnix int64) {
+	m := s.opts.Metrics.stats(l)
+	m.add(statTotalHits, hits)
+	limit.Name, limit.RequestsPerUnit, limit.Unit = l.Name, l.RequestsPerUnit, l.Unit
 	reset := d.ResetAfter
 	if reset <= 0 {
 		reset = DurationUntilReset(l.Unit, nowUnix)
 	}
-	st := &rlpb.RateLimitResponse_DescriptorStatus{
-		CurrentLimit:       limit,
-		DurationUntilReset: durationpb.New(reset),
-	}
+	// As durationpb.New.
+	dur.Seconds, dur.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+	st.CurrentLimit, st.DurationUntilReset = limit, dur
 	over := uint64(l.RequestsPerUnit)
 	near := uint64(math.Floor(float64(float32(over) * s.ratio32)))
 	if d.Over {
 		st.Code = rlpb.RateLimitResponse_OVER_LIMIT
 		if d.Before >= over {
-			m.add(l.Domain, rule, statOverLimit, hits)
+			m.add(statOverLimit, hits)
 		} else {
-			m.add(l.Domain, rule, statOverLimit, sub(d.After, over))
-			m.add(l.Domain, rule, statNearLimit, sub(over, max(near, d.Before)))
+			m.add(statOverLimit, sub(d.After, over))
+			m.add(statNearLimit, sub(over, max(near, d.Before)))
 		}
 		if l.Shadow {
 			st.Code = rlpb.RateLimitResponse_OK
 			if d.Before >= over {
-				m.add(l.Domain, rule, statShadowMode, hits)
+				m.add(statShadowMode, hits)
 			} else {
-				m.add(l.Domain, rule, statShadowMode, sub(d.After, over))
+				m.add(statShadowMode, sub(d.After, over))
 			}
 		}
-		return st
+		return
 	}
 	st.Code = rlpb.RateLimitResponse_OK
 	st.LimitRemaining = d.Remaining
 	if d.After > near {
 		if d.Before >= near {
-			m.add(l.Domain, rule, statNearLimit, hits)
+			m.add(statNearLimit, hits)
 		} else {
-			m.add(l.Domain, rule, statNearLimit, d.After-near)
+			m.add(statNearLimit, d.After-near)
 		}
 	}
-	m.add(l.Domain, rule, statWithinLimit, hits)
-	return st
+	m.add(statWithinLimit, hits)
 }
 
 func sub(a, b uint64) uint64 {

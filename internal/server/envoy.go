@@ -5,11 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/tokenserver/tokenserver/internal/envoyrls"
 	"github.com/tokenserver/tokenserver/internal/envoyrls/xds"
@@ -180,10 +186,54 @@ func envoyError(err error) error {
 	return err
 }
 
-// shouldRateLimitJSON is the /json endpoint's call: ShouldRateLimit
-// without gRPC, refused requests as envoyrls reports them (400).
+// jsonHandler is the /json endpoint on the HTTP port: ShouldRateLimit in
+// proto3 JSON (envoyrls.NewJSONHandler), called through the node's unary
+// interceptor with the HTTP request's credential (its Authorization
+// header and TLS client certificate), so that /json refuses what gRPC
+// refuses: a caller without the client role (401, 403 with the reason)
+// and, on a node removed from the cluster, every call (400, the
+// reference's status for a failed call, with the reason). Other failures
+// are the reference's 400 "Bad Request".
+func (e *envoy) jsonHandler() http.Handler {
+	h := envoyrls.NewJSONHandler(e.shouldRateLimitJSON)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		md := metadata.MD{}
+		if a := r.Header.Values("Authorization"); len(a) > 0 {
+			md.Set("authorization", a...)
+		}
+		ctx := metadata.NewIncomingContext(r.Context(), md)
+		p := &peer.Peer{Addr: httpAddr(r.RemoteAddr)}
+		if r.TLS != nil {
+			p.AuthInfo = credentials.TLSInfo{State: *r.TLS, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}
+		}
+		h.ServeHTTP(w, r.WithContext(peer.NewContext(ctx, p)))
+	})
+}
+
+// httpAddr is an HTTP caller's remote address as a peer's.
+type httpAddr string
+
+func (a httpAddr) Network() string { return "tcp" }
+func (a httpAddr) String() string  { return string(a) }
+
+// shouldRateLimitJSON is the /json endpoint's call (jsonHandler).
 func (e *envoy) shouldRateLimitJSON(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
-	return e.svc.ShouldRateLimit(ctx, req)
+	out, err := e.n.unary(ctx, req, &grpc.UnaryServerInfo{FullMethod: rlpb.RateLimitService_ShouldRateLimit_FullMethodName},
+		func(ctx context.Context, req any) (any, error) {
+			return e.svc.ShouldRateLimit(ctx, req.(*rlpb.RateLimitRequest))
+		})
+	if err == nil {
+		return out.(*rlpb.RateLimitResponse), nil
+	}
+	switch st := toStatus(err); st.Code() {
+	case codes.Unauthenticated:
+		return nil, &envoyrls.HTTPError{Code: http.StatusUnauthorized, Msg: st.Message()}
+	case codes.PermissionDenied:
+		return nil, &envoyrls.HTTPError{Code: http.StatusForbidden, Msg: st.Message()}
+	case codes.FailedPrecondition:
+		return nil, &envoyrls.HTTPError{Code: http.StatusBadRequest, Msg: st.Message()}
+	}
+	return nil, err
 }
 
 // notReady is why the Envoy side keeps the node from being ready, "" when

@@ -60,25 +60,46 @@ descriptors:
       requests_per_unit: 4000000000
 `
 
-// envoyBenchConn serves a standalone node with the bench domain over an
-// in-memory connection, as newTestNode does, and returns its RLS client.
-func envoyBenchConn(b *testing.B) rlpb.RateLimitServiceClient {
+// envoyTestNode serves a standalone node with the bench domain over an
+// in-memory connection, as newTestNode does, with mutate's changes to its
+// config and wrap's data plane (each may be nil), and returns it and its
+// connection.
+func envoyTestNode(tb testing.TB, mutate func(*Config), wrap func(*Standalone) DataPlane) (*Node, *grpc.ClientConn) {
+	tb.Helper()
 	cfg := DefaultConfig()
 	cfg.HTTPAddr = ""
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	deps := NewStandalone("node-1", "bufnet", inmem(b, cfg.MaxRules)).Deps()
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	deps := NewStandalone("node-1", "bufnet", inmem(tb, cfg.MaxRules)).Deps()
+	if wrap != nil {
+		deps.Data = wrap(deps.Control.(*Standalone))
+	}
 	deps.Control = envoyControl{ControlPlane: deps.Control, fixedEnvoyStore: fixedEnvoyStore{raftfsm.EnvoyDomains{Index: 1,
 		Domains: []raftfsm.EnvoyDomain{{Name: "bench", YAML: benchEnvoyYAML, Version: 1, Source: "bench.yaml"}}}}}
 	n, err := New(cfg, deps)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Serve(ctx, Listeners{GRPC: lis}) }()
-	b.Cleanup(func() { cancel(); <-done })
-	return rlpb.NewRateLimitServiceClient(dialBuf(b, lis))
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close(); cancel(); <-done })
+	return n, conn
+}
+
+// envoyBenchConn is envoyTestNode's RLS client.
+func envoyBenchConn(b *testing.B) rlpb.RateLimitServiceClient {
+	_, conn := envoyTestNode(b, nil, nil)
+	return rlpb.NewRateLimitServiceClient(conn)
 }
 
 // BenchmarkEnvoyRLS compares ShouldRateLimit with one and with ten
@@ -106,15 +127,7 @@ func BenchmarkEnvoyRLS(b *testing.B) {
 	for _, n := range []int{1, 10} {
 		b.Run(fmt.Sprint("descriptors=", n), func(b *testing.B) {
 			c := envoyBenchConn(b)
-			// 1000 requests of n distinct addresses each, reused in turn.
-			reqs := make([]*rlpb.RateLimitRequest, 1000)
-			for i := range reqs {
-				reqs[i] = &rlpb.RateLimitRequest{Domain: "bench"}
-				for j := 0; j < n; j++ {
-					reqs[i].Descriptors = append(reqs[i].Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
-						{Key: "remote_address", Value: fmt.Sprintf("10.%d.%d.%d", j, i/256, i%256)}}})
-				}
-			}
+			reqs := envoyBenchRequests(n)
 			i := 0
 			runParallel(b, func(ctx context.Context) error {
 				i++
@@ -127,6 +140,42 @@ func BenchmarkEnvoyRLS(b *testing.B) {
 				}
 				return err
 			})
+		})
+	}
+}
+
+// envoyBenchRequests is 1000 requests of n distinct addresses each, to
+// reuse in turn.
+func envoyBenchRequests(n int) []*rlpb.RateLimitRequest {
+	reqs := make([]*rlpb.RateLimitRequest, 1000)
+	for i := range reqs {
+		reqs[i] = &rlpb.RateLimitRequest{Domain: "bench"}
+		for j := 0; j < n; j++ {
+			reqs[i].Descriptors = append(reqs[i].Descriptors, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+				{Key: "remote_address", Value: fmt.Sprintf("10.%d.%d.%d", j, i/256, i%256)}}})
+		}
+	}
+	return reqs
+}
+
+// BenchmarkEnvoyHandler is BenchmarkEnvoyRLS without gRPC: the node's
+// ShouldRateLimit (matching, counting on the shards, metrics, the answer)
+// called in process, so that its cost per descriptor shows apart from the
+// transport's.
+func BenchmarkEnvoyHandler(b *testing.B) {
+	for _, n := range []int{1, 10} {
+		b.Run(fmt.Sprint("descriptors=", n), func(b *testing.B) {
+			node, _ := envoyTestNode(b, nil, nil)
+			reqs := envoyBenchRequests(n)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				resp, err := node.envoy.ShouldRateLimit(ctx, reqs[i%len(reqs)])
+				if err != nil || resp.GetOverallCode() != rlpb.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit() == nil {
+					b.Fatalf("answer %v, %v", resp, err)
+				}
+			}
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/envoyrls"
 	"github.com/tokenserver/tokenserver/internal/rule"
+	"github.com/tokenserver/tokenserver/internal/shard"
 )
 
 // envoyHitsHeader marks a ShouldRateLimit that one node forwards to the
@@ -44,6 +45,12 @@ const envoyHitsHeader = "x-tokenserver-envoy-hits"
 // decides those hits as acquires, as it always did, instead of refusing
 // the batch.
 const envoyDebitsHeader = "x-tokenserver-envoy-debits"
+
+// envoyMovedHeader marks a forwarded batch of hits that a node sent on
+// because it had handed their counters over (shard.ErrMoved) to the
+// owner the batch goes to. Such a batch that meets a handed-over counter
+// again answers Unavailable rather than going round once more.
+const envoyMovedHeader = "x-tokenserver-envoy-moved"
 
 func isHitBatch(ctx context.Context) bool {
 	return len(metadata.ValueFromIncomingContext(ctx, envoyHitsHeader)) > 0
@@ -93,17 +100,27 @@ func isEnvoyRule(c *rule.Compiled) bool { return strings.HasPrefix(c.Rule.Name, 
 // next owners, as AcquireTokens fails over.
 func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.Hit) ([]envoyrls.Decision, error) {
 	out := make([]envoyrls.Decision, len(hits))
+	now := time.Now().UnixNano() // one read for the hits decided here
 	v := d.n.data.View()
-	var remote map[string][]int
-	var owners map[string]cluster.Member
+	var remote, movedTo map[string][]int
+	var owners, movedOwners map[string]cluster.Member
 	for i, h := range hits {
 		owner, err := d.n.route(ctx, v, h.Limit.HashKey())
 		if err != nil {
 			return nil, err
 		}
 		if owner == nil {
-			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit); err != nil {
+			var to cluster.Member
+			var moved bool
+			if out[i], to, moved, err = d.localHit(v, h, now); err != nil {
 				return nil, err
+			}
+			if moved {
+				if movedTo == nil {
+					movedTo, movedOwners = map[string][]int{}, map[string]cluster.Member{}
+				}
+				movedTo[to.ID] = append(movedTo[to.ID], i)
+				movedOwners[to.ID] = to
 			}
 			continue
 		}
@@ -113,10 +130,37 @@ func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.
 		remote[owner.ID] = append(remote[owner.ID], i)
 		owners[owner.ID] = *owner
 	}
-	if remote == nil {
-		return out, nil
+	var errs []error
+	if remote != nil {
+		errs = append(errs, d.forward(ctx, v, hits, owners, remote, out, true))
 	}
-	return out, d.forward(ctx, v, hits, owners, remote, out, true)
+	if movedTo != nil {
+		errs = append(errs, d.forward(metadata.AppendToOutgoingContext(ctx, envoyMovedHeader, "1"), v, hits, movedOwners, movedTo, out, false))
+	}
+	return out, errors.Join(errs...)
+}
+
+// localHit decides h here at now, unless this node handed its counter
+// over (shard.ErrMoved): then moved is true and to is the key's owner in
+// v, which decides it, as decideMoved sends an acquire on. When v gives
+// the key back to this node, no newer state will come: the counter goes
+// on from the state it left with (thawed) and is decided here.
+func (d *envoyDecider) localHit(v *cluster.View, h envoyrls.Hit, now int64) (dec envoyrls.Decision, to cluster.Member, moved bool, err error) {
+	l := h.Limit
+	key := l.CounterKey()
+	dec, err = d.local(l.Unit, key, l.Algorithm, l.RequestsPerUnit, l.Burst, h.Hits, h.Debit, now)
+	if !errors.Is(err, shard.ErrMoved) {
+		return dec, cluster.Member{}, false, err
+	}
+	if owner, ok := v.Owner(l.HashKey()); ok && owner.ID != d.n.data.ID() {
+		return envoyrls.Decision{}, owner, true, nil
+	}
+	name := d.ruleName(l.Unit, l.Algorithm, l.RequestsPerUnit, l.Burst)
+	if d.n.buckets.Thaw(name, key) {
+		d.n.handoff.MarkStale(name, key)
+	}
+	dec, err = d.local(l.Unit, key, l.Algorithm, l.RequestsPerUnit, l.Burst, h.Hits, h.Debit, now)
+	return dec, cluster.Member{}, false, err
 }
 
 // forward sends each owner its hits and writes the decisions into out.
@@ -149,6 +193,7 @@ func (d *envoyDecider) forward(ctx context.Context, v *cluster.View, hits []envo
 func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []envoyrls.Hit, owner string, idx []int, out []envoyrls.Decision) error {
 	var remote map[string][]int
 	owners := map[string]cluster.Member{}
+	now := time.Now().UnixNano()
 	for _, i := range idx {
 		h := hits[i]
 		next, local, ok := d.n.nextOwner(ctx, v, h.Limit.HashKey(), owner)
@@ -157,7 +202,7 @@ func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []env
 		}
 		if local {
 			var err error
-			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit); err != nil {
+			if out[i], err = d.local(h.Limit.Unit, h.Limit.CounterKey(), h.Limit.Algorithm, h.Limit.RequestsPerUnit, h.Limit.Burst, h.Hits, h.Debit, now); err != nil {
 				return err
 			}
 			continue
@@ -224,8 +269,14 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 			debit[i] = true
 		}
 	}
-	body := make([]byte, 0, 16*len(req.GetDescriptors()))
-	for i, desc := range req.GetDescriptors() {
+	ds := req.GetDescriptors()
+	out := make([]envoyrls.Decision, len(ds))
+	now := time.Now().UnixNano()
+	var v *cluster.View
+	var movedTo map[string][]int
+	var movedOwners map[string]cluster.Member
+	var movedHits []envoyrls.Hit
+	for i, desc := range ds {
 		es, l := desc.GetEntries(), desc.GetLimit()
 		if len(es) != 1 || l == nil || !envoyrls.ValidUnit(envoyrls.Unit(l.GetUnit())) {
 			return nil, failf(ErrBadRequest, "forwarded envoy hit %d is malformed", i)
@@ -236,20 +287,53 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 		if !ok || err1 != nil || err2 != nil || alg <= 0 || alg > 255 {
 			return nil, failf(ErrBadRequest, "forwarded envoy hit %d: bad algorithm/burst %q", i, es[0].GetValue())
 		}
-		dec, err := d.local(envoyrls.Unit(l.GetUnit()), es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue(), debit[i])
+		unit := envoyrls.Unit(l.GetUnit())
+		dec, err := d.local(unit, es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue(), debit[i], now)
+		if errors.Is(err, shard.ErrMoved) && len(metadata.ValueFromIncomingContext(ctx, envoyMovedHeader)) == 0 {
+			// Handed over: sent on to the key's owner (localHit), once.
+			hashKey, ok := envoyrls.HashKeyOf(es[0].GetKey(), unit, bucket.Algorithm(alg))
+			if !ok {
+				return nil, failf(ErrBadRequest, "forwarded envoy hit %d: counter key %q does not end with its unit and algorithm", i, es[0].GetKey())
+			}
+			if v == nil {
+				v = d.n.data.View()
+			}
+			h := envoyrls.Hit{Limit: &envoyrls.Limit{Domain: req.GetDomain(), Key: hashKey, Unit: unit, RequestsPerUnit: l.GetRequestsPerUnit(),
+				Algorithm: bucket.Algorithm(alg), Burst: burst}, Hits: desc.GetHitsAddend().GetValue(), Debit: debit[i]}
+			var to cluster.Member
+			var moved bool
+			if dec, to, moved, err = d.localHit(v, h, now); err == nil && moved {
+				if movedTo == nil {
+					movedTo, movedOwners, movedHits = map[string][]int{}, map[string]cluster.Member{}, make([]envoyrls.Hit, len(ds))
+				}
+				movedHits[i] = h
+				movedTo[to.ID] = append(movedTo[to.ID], i)
+				movedOwners[to.ID] = to
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
+		out[i] = dec
+	}
+	if movedTo != nil {
+		fctx := metadata.AppendToOutgoingContext(ctx, envoyMovedHeader, "1")
+		if err := d.forward(fctx, v, movedHits, movedOwners, movedTo, out, false); err != nil {
+			return nil, err
+		}
+	}
+	body := make([]byte, 0, 16*len(ds))
+	for _, dec := range out {
 		body = appendDecision(body, dec)
 	}
 	return &rlpb.RateLimitResponse{OverallCode: rlpb.RateLimitResponse_OK, RawBody: body}, nil
 }
 
-// local decides one hit on this node's shards, on Unix time. A debit
-// (see envoyrls.Hit.Debit) of the algorithm extension is charged with
+// local decides one hit on this node's shards at now, Unix nanoseconds
+// (the hits of one call share one read of the clock). A debit (see
+// envoyrls.Hit.Debit) of the algorithm extension is charged with
 // Map.Debit, as a commit without a reservation.
-func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64, debit bool) (envoyrls.Decision, error) {
-	now := time.Now().UnixNano()
+func (d *envoyDecider) local(unit envoyrls.Unit, key string, alg bucket.Algorithm, rpu uint32, burst int64, hits uint64, debit bool, now int64) (envoyrls.Decision, error) {
 	n := int64(min(hits, bucket.MaxLimit))
 	if alg == bucket.FixedWindow || alg == bucket.Unspecified {
 		r, err := d.n.buckets.Hit(d.fixed[unit], key, n, now)
@@ -309,9 +393,39 @@ func (d *envoyDecider) debit(c *rule.Compiled, key string, n, now int64) (envoyr
 	return dec, nil
 }
 
+// ruleName is the name of the rule that holds the counters of a limit.
+func (d *envoyDecider) ruleName(unit envoyrls.Unit, alg bucket.Algorithm, rpu uint32, burst int64) string {
+	if alg == bucket.FixedWindow || alg == bucket.Unspecified {
+		return d.fixed[unit].Rule.Name
+	}
+	return "envoy/" + alg.String() + "/" + unit.String() + "/" + strconv.FormatUint(uint64(rpu), 10) + "/" + strconv.FormatInt(burst, 10)
+}
+
+// envoyOwnerKey is, for the bucket key of an Envoy counter (its rule's
+// name starts with "envoy/", as ruleName makes it), the key whose owner
+// holds it (Limit.HashKey): the counter key without its unit and
+// algorithm. ok is false for any other rule. The handoff moves an Envoy
+// counter to the node that decides it, which routes by that key.
+func envoyOwnerKey(ruleName, key string) (string, bool) {
+	rest, ok := strings.CutPrefix(ruleName, "envoy/")
+	if !ok {
+		return "", false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 2 && len(parts) != 4 {
+		return "", false
+	}
+	alg, err := bucket.ParseAlgorithm(parts[0])
+	unit, known := rlpb.RateLimitResponse_RateLimit_Unit_value[parts[1]]
+	if err != nil || !known || (len(parts) == 2) != (alg == bucket.FixedWindow) {
+		return "", false
+	}
+	return envoyrls.HashKeyOf(key, envoyrls.Unit(unit), alg)
+}
+
 // compiled returns the rule of an algorithm-extension limit.
 func (d *envoyDecider) compiled(unit envoyrls.Unit, alg bucket.Algorithm, rpu uint32, burst int64) *rule.Compiled {
-	name := "envoy/" + alg.String() + "/" + unit.String() + "/" + strconv.FormatUint(uint64(rpu), 10) + "/" + strconv.FormatInt(burst, 10)
+	name := d.ruleName(unit, alg, rpu, burst)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if c := d.algos[name]; c != nil {

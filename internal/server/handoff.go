@@ -149,7 +149,10 @@ func (n *Node) prepareHandoff(ctx context.Context) {
 func (n *Node) handOver(ctx context.Context, why string) {
 	start := time.Now()
 	self := n.data.ID()
-	moved := func(_, key string) (cluster.Member, bool) {
+	moved := func(ruleName, key string) (cluster.Member, bool) {
+		if k, envoy := envoyOwnerKey(ruleName, key); envoy {
+			key = k // an Envoy counter's owner is its descriptor's (envoy_decide.go)
+		}
 		m, ok := n.data.View().Owner(key)
 		return m, ok && m.ID != self
 	}

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/tokenserver/tokenserver/internal/envoyrls"
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
@@ -21,7 +20,7 @@ func (n *Node) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", n.protectMetrics(n.metrics.handler()))
-	mux.Handle("/json", envoyrls.NewJSONHandler(n.envoy.shouldRateLimitJSON))
+	mux.Handle("/json", n.envoy.jsonHandler())
 	mux.Handle("/ui/", n.consoleHandler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.notReadyReason(); why != "" {

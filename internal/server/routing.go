@@ -125,7 +125,8 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 		}
 		return &next, nil
 	}
-	return &owner, nil
+	remote := owner // a copy: owner stays on the stack when this node owns the key
+	return &remote, nil
 }
 
 // sole reports whether this node may decide every key without a routing

@@ -151,7 +151,7 @@ func (l *refillLog) has(nonce uint64) bool {
 // the caps when n > 0: a commit without a reservation, on the same
 // accounting as Acquire and Commit. It is Envoy's hits_addend on the
 // response path, for the algorithms that take commits; others are
-// rule.ErrInvalid.
+// rule.ErrInvalid. A bucket handed over (HandOver) is ErrMoved.
 func (m *Map) Debit(c *rule.Compiled, key string, n int64, now int64) (bucket.CommitResult, error) {
 	if n < 0 {
 		return bucket.CommitResult{}, rule.Invalid("debit must be >= 0, got %d", n)
@@ -176,6 +176,9 @@ func (m *Map) Debit(c *rule.Compiled, key string, n int64, now int64) (bucket.Co
 		return bucket.CommitResult{}, err
 	}
 	defer e.mu.Unlock()
+	if e.moved { // handed over: its new owner counts (as decide refuses)
+		return bucket.CommitResult{}, errMoved(e, c)
+	}
 	if c, err = m.resolve(e, c, key, now); err != nil {
 		return bucket.CommitResult{}, err
 	}

@@ -12,7 +12,7 @@ import (
 // count is forgotten at the window boundary), creating the bucket against
 // the caps when n > 0. n = 0 reads the count and creates nothing. It is
 // the counter of Envoy's rate-limit service; c's default config must be a
-// fixed window.
+// fixed window. A bucket handed over (HandOver) is ErrMoved.
 func (m *Map) Hit(c *rule.Compiled, key string, n int64, now int64) (bucket.HitResult, error) {
 	c, err := current(c)
 	if err != nil {
@@ -30,6 +30,11 @@ func (m *Map) Hit(c *rule.Compiled, key string, n int64, now int64) (bucket.HitR
 			return bucket.Hit(bucket.New(cfg, now), cfg, now, 0)
 		}
 	} else if e, err = m.lookupOrCreate(sh, h, bk, c, cfg, nil, now); err != nil {
+		return bucket.HitResult{}, err
+	}
+	if e.moved { // handed over: its new owner counts (as decide refuses)
+		err := errMoved(e, c)
+		e.mu.Unlock()
 		return bucket.HitResult{}, err
 	}
 	if e.rule != c {
