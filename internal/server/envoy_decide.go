@@ -175,7 +175,7 @@ func (d *envoyDecider) forward(ctx context.Context, v *cluster.View, hits []envo
 			owner := owners[id]
 			err := d.send(ctx, &owner, hits, idx, out)
 			if err != nil && failover && unreachable(err) {
-				err = d.failover(ctx, v, hits, id, idx, out)
+				err = d.failover(ctx, v, hits, id, idx, out, err)
 			}
 			if err != nil {
 				mu.Lock()
@@ -190,13 +190,13 @@ func (d *envoyDecider) forward(ctx context.Context, v *cluster.View, hits []envo
 
 // failover decides the hits idx of an owner that cannot be reached on
 // their next owners: here, or forwarded once more (without failover).
-func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []envoyrls.Hit, owner string, idx []int, out []envoyrls.Decision) error {
+func (d *envoyDecider) failover(ctx context.Context, v *cluster.View, hits []envoyrls.Hit, owner string, idx []int, out []envoyrls.Decision, cause error) error {
 	var remote map[string][]int
 	owners := map[string]cluster.Member{}
 	now := time.Now().UnixNano()
 	for _, i := range idx {
 		h := hits[i]
-		next, local, ok := d.n.nextOwner(ctx, v, h.Limit.HashKey(), owner)
+		next, local, ok := d.n.nextOwner(ctx, v, h.Limit.HashKey(), owner, cause)
 		if !ok {
 			return failf(ErrUnavailable, "owner %s of envoy counters cannot be reached and no other member can take them", owner)
 		}

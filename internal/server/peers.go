@@ -39,6 +39,8 @@ type Peers struct {
 type peerState struct {
 	healthy bool // the last check answered SERVING
 	checked time.Time
+	// started is when the check that set healthy began.
+	started time.Time
 	// inflight is closed when the check under way ends; nil when none is.
 	inflight chan struct{}
 }
@@ -184,31 +186,41 @@ func (p *Peers) avoidable(m cluster.Member) bool {
 
 // down reports whether member m is down as this node sees it: its member
 // health check, from this node, did not answer SERVING. Unlike avoidable
-// it takes no claim on trust: without a check result younger than
-// peerCheckInterval it waits for one (at most peerCheckTimeout, and ctx),
-// and a check it could not wait for counts as "not down". A failed check
-// stays an answer for peerDownFor while the next one runs, so that calls
-// for a dead member's keys do not each wait for a check. A next owner
-// asks it before it decides a key whose owner a forwarding node could not
-// reach (see route): that node's broken connection is no proof.
+// it takes no claim on trust, and no answer older than the claim either: a
+// call that could not reach m says something may have changed a moment ago
+// (a kill -9 a millisecond before), so only a check that began after down
+// was asked can say m is up. down waits for one (at most peerCheckTimeout
+// each, and ctx); a check it could not wait for counts as "not down". A
+// failed check stays an answer for peerDownFor while the next one runs,
+// so that calls for a dead member's keys do not each wait for a check. A
+// next owner asks it before it decides a key whose owner a forwarding node
+// (or this one) could not reach (see route, nextOwner): that broken
+// connection is no proof, and a check from before it is none either.
 func (p *Peers) down(ctx context.Context, m cluster.Member) bool {
-	p.healthMu.Lock()
-	st := p.stateLocked(m)
-	if age := time.Since(st.checked); !st.checked.IsZero() && (age <= peerCheckInterval || !st.healthy && age <= peerDownFor) {
-		healthy := st.healthy
+	asked := time.Now()
+	for {
+		p.healthMu.Lock()
+		st := p.stateLocked(m)
+		if !st.checked.IsZero() && !st.healthy && time.Since(st.checked) <= peerDownFor {
+			p.healthMu.Unlock()
+			return true
+		}
+		if !st.checked.IsZero() && !st.started.Before(asked) {
+			healthy := st.healthy // a check that began after down was asked
+			p.healthMu.Unlock()
+			return !healthy
+		}
+		if st.inflight == nil {
+			p.startCheckLocked(m, st)
+		}
+		wait := st.inflight
 		p.healthMu.Unlock()
-		return !healthy
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return false
+		}
 	}
-	wait := st.inflight
-	p.healthMu.Unlock()
-	select {
-	case <-wait:
-	case <-ctx.Done():
-		return false
-	}
-	p.healthMu.Lock()
-	defer p.healthMu.Unlock()
-	return !st.healthy
 }
 
 // stateLocked returns what this node learned of m, starting a check in
@@ -221,19 +233,26 @@ func (p *Peers) stateLocked(m cluster.Member) *peerState {
 		p.health[m.ID] = st
 	}
 	if st.inflight == nil && time.Since(st.checked) > peerCheckInterval {
-		done := make(chan struct{})
-		st.inflight = done
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), peerCheckTimeout)
-			ok := p.healthOf(ctx, m.ID, m.GRPCAddr)
-			cancel()
-			p.healthMu.Lock()
-			st.healthy, st.checked, st.inflight = ok, time.Now(), nil
-			p.healthMu.Unlock()
-			close(done)
-		}()
+		p.startCheckLocked(m, st)
 	}
 	return st
+}
+
+// startCheckLocked starts a health check of m in the background; none is
+// under way, and p.healthMu is held.
+func (p *Peers) startCheckLocked(m cluster.Member, st *peerState) {
+	done := make(chan struct{})
+	began := time.Now()
+	st.inflight = done
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), peerCheckTimeout)
+		ok := p.healthOf(ctx, m.ID, m.GRPCAddr)
+		cancel()
+		p.healthMu.Lock()
+		st.healthy, st.checked, st.started, st.inflight = ok, time.Now(), began, nil
+		p.healthMu.Unlock()
+		close(done)
+	}()
 }
 
 // close closes every connection, all at once: closing one waits for its

@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -182,11 +183,17 @@ func (n *Node) avoided(ctx context.Context, v *cluster.View) map[string]bool {
 // a healthy owner's keys must not move. A next owner elsewhere is asked
 // with owner named in the AvoidHeader (call it with avoiding), and checks
 // the same before it decides (route).
-func (n *Node) nextOwner(ctx context.Context, v *cluster.View, key, owner string) (next cluster.Member, local, ok bool) {
+//
+// cause is how the call to owner failed. Only an owner that took the call
+// and did not answer in time (silentOwner) is checked here: a connection
+// refused or reset is this node's own proof that the owner's process is
+// gone (kill -9: TestSDKKilledOwner), while a silent owner may be alive
+// behind a broken path (TestIssue20Item17_HealthyOwnersKeysNeverMove).
+func (n *Node) nextOwner(ctx context.Context, v *cluster.View, key, owner string, cause error) (next cluster.Member, local, ok bool) {
 	avoid := n.avoided(ctx, v)
 	self := n.data.ID()
 	next, ok = v.OwnerExcept(cluster.KeyHash(key), func(id string) bool { return id != self && (id == owner || avoid[id]) })
-	if ok && next.ID == self {
+	if ok && next.ID == self && errors.As(cause, new(silentOwner)) {
 		if m, inView := v.Member(owner); inView && !n.peers.down(ctx, m) {
 			return next, false, false
 		}
@@ -228,7 +235,7 @@ func toOwnerWithin[R any](ctx context.Context, n *Node, owner *cluster.Member, f
 		// (the owner may end the call itself just before, by the
 		// deadline it was sent).
 		if ctx.Err() == nil && (actx.Err() != nil || codeOf(err) == codes.DeadlineExceeded) {
-			return zero, failf(ErrUnavailable, "owner %s did not answer within %v", owner.ID, budget.Round(time.Microsecond))
+			return zero, silentOwner{failf(ErrUnavailable, "owner %s did not answer within %v", owner.ID, budget.Round(time.Microsecond))}
 		}
 		return zero, peerError("owner "+owner.ID, err)
 	}
@@ -286,7 +293,7 @@ func (n *Node) forwardBatchOnce(ctx context.Context, v *cluster.View, items []*p
 			if err == nil && len(resp.GetResults()) != len(idx) {
 				err = failf(ErrInternal, "owner %s answered %d items for %d", id, len(resp.GetResults()), len(idx))
 			}
-			if err != nil && failover && unreachable(err) && n.failoverBatch(ctx, v, items, id, idx, results) {
+			if err != nil && failover && unreachable(err) && n.failoverBatch(ctx, v, items, id, idx, results, err) {
 				return
 			}
 			for j, i := range idx {
@@ -305,11 +312,11 @@ func (n *Node) forwardBatchOnce(ctx context.Context, v *cluster.View, items []*p
 // failoverBatch answers the items idx of an owner that cannot decide them
 // by their next owners: this node decides its own, the others are forwarded
 // (and served where they land). False when the items have no next owner.
-func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.AcquireTokenRequest, owner string, idx []int, results []*pb.AcquireTokensResult) bool {
+func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.AcquireTokenRequest, owner string, idx []int, results []*pb.AcquireTokensResult, cause error) bool {
 	var remote map[string][]int
 	t := n.data.Table()
 	for _, i := range idx {
-		next, local, ok := n.nextOwner(ctx, v, items[i].GetKey(), owner)
+		next, local, ok := n.nextOwner(ctx, v, items[i].GetKey(), owner, cause)
 		if !ok {
 			return false
 		}
@@ -338,3 +345,10 @@ func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.A
 	}
 	return true
 }
+
+// silentOwner is the error of a call that the owner took and did not
+// answer within the attempt's time (see nextOwner).
+type silentOwner struct{ error }
+
+// Unwrap returns the Unavailable failure.
+func (e silentOwner) Unwrap() error { return e.error }

@@ -139,7 +139,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 			return resp, err
 		}
 		// The owner cannot decide: its next owner does, from its own bucket.
-		next, local, ok := s.n.nextOwner(ctx, v, req.GetKey(), owner.ID)
+		next, local, ok := s.n.nextOwner(ctx, v, req.GetKey(), owner.ID, err)
 		if !ok {
 			return nil, toError(err)
 		}
