@@ -73,6 +73,10 @@ type pending struct {
 	deadline time.Time
 	done     chan struct{}
 	closed   bool
+	// guessed marks an entry's expectation (ExpectEntry): nothing says
+	// that from owes a handoff, so a wait that runs out does not count
+	// from as gone unplanned.
+	guessed bool
 }
 
 // NewReceiver returns a Receiver for l.
@@ -87,8 +91,11 @@ func NewReceiver(l Local, isPeer func(context.Context) bool, view func() *cluste
 func (r *Receiver) Unplanned(from string, old *cluster.View) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.pending[from]; ok {
-		return
+	if p, ok := r.pending[from]; ok {
+		if !p.guessed {
+			return
+		}
+		r.finishLocked(from, false) // only guessed: it owed nothing known
 	}
 	if t, ok := r.finished[from]; ok && time.Since(t) < unplannedFor {
 		return
@@ -157,12 +164,42 @@ func (r *Receiver) Exposure(c *rule.Compiled, now time.Time) int64 {
 // Expect registers a handoff from member from, which owned keys in old,
 // for up to wait: until it ends, InFlight names from for those keys.
 func (r *Receiver) Expect(from string, old *cluster.View, wait time.Duration) {
-	r.expect(from, old, wait, false)
+	r.expect(from, old, wait, false, false)
+}
+
+// ExpectEntry is Expect for a node that finds itself in a view without
+// having seen the view before it entered: its first view after a restart
+// can already hold it (an old local state, or view changes that came
+// together), so it cannot tell what moved. It expects from to hand over
+// the keys from owned in old (the view without this node) and to end
+// the handoff, as every member does on a view change, with a last batch,
+// empty if it had nothing. A wait that runs out here does not count from
+// as gone unplanned: it may simply have owed nothing.
+func (r *Receiver) ExpectEntry(from string, old *cluster.View, wait time.Duration) {
+	r.expect(from, old, wait, false, true)
+}
+
+// Heard reports whether a handoff from from has ended here (completed,
+// empty or not) since this receiver was built.
+func (r *Receiver) Heard(from string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.finished[from]
+	return ok
+}
+
+// Guessed reports whether the handoff expected from from is only
+// guessed (ExpectEntry): nothing has said that from owes one.
+func (r *Receiver) Guessed(from string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pending[from]
+	return p != nil && p.guessed
 }
 
 // expect is Expect; announced (by Prepare) counts even when a handoff from
-// the sender ended recently.
-func (r *Receiver) expect(from string, old *cluster.View, wait time.Duration, announced bool) {
+// the sender ended recently; guessed is ExpectEntry's.
+func (r *Receiver) expect(from string, old *cluster.View, wait time.Duration, announced, guessed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if t, ok := r.finished[from]; ok && !announced && time.Since(t) < wait {
@@ -170,9 +207,10 @@ func (r *Receiver) expect(from string, old *cluster.View, wait time.Duration, an
 	}
 	if p := r.pending[from]; p != nil && !p.closed {
 		p.old, p.deadline = old, time.Now().Add(wait)
+		p.guessed = p.guessed && guessed
 		return
 	}
-	r.pending[from] = &pending{from: from, old: old, deadline: time.Now().Add(wait), done: make(chan struct{})}
+	r.pending[from] = &pending{from: from, old: old, deadline: time.Now().Add(wait), done: make(chan struct{}), guessed: guessed}
 	r.npending.Add(1)
 }
 
@@ -206,10 +244,18 @@ func (r *Receiver) pendingFor(key string, now time.Time) *pending {
 		if !ok || o.ID != from || o.ID == r.l.ID {
 			continue
 		}
+		if q.guessed {
+			// A guess covers only the keys the view gives this node.
+			if c, ok := r.view().Owner(key); !ok || c.ID != r.l.ID {
+				continue
+			}
+		}
 		if now.After(q.deadline) {
 			r.Expired.Add(1)
 			r.finishLocked(from, false)
-			r.unplannedLocked(from, q.old)
+			if !q.guessed {
+				r.unplannedLocked(from, q.old)
+			}
 			continue
 		}
 		return q
@@ -294,7 +340,7 @@ func (r *Receiver) Prepare(ctx context.Context, req *peerv1.PrepareRequest) (*pe
 	if wait <= 0 || wait > time.Minute {
 		wait = DefaultWait
 	}
-	r.expect(req.GetFrom(), r.view(), wait, true)
+	r.expect(req.GetFrom(), r.view(), wait, true, false)
 	return &peerv1.PrepareResponse{}, nil
 }
 

@@ -172,6 +172,10 @@ func (n *Node) handOver(ctx context.Context, why string) {
 type viewSeen struct {
 	mu   sync.Mutex
 	view atomic.Pointer[cluster.View]
+	// entering is set while this node, having found itself in a view it
+	// did not see itself enter, has not yet heard a handoff end from
+	// every other member (expectEntry).
+	entering bool
 }
 
 // watchMoves runs observeView on every view change, until the node stops.
@@ -197,6 +201,12 @@ func (n *Node) watchMoves() {
 // hand them over. A drain is Stop's (prepareHandoff, handOver). Decisions
 // call it too (cheap when the view is the one seen), so that a key is
 // never decided on a view whose moves are not yet expected.
+//
+// A restarted node may never see a view without itself: its first view
+// is its old local state, and the views of its leaving and coming back
+// can come together. It then expects every other member to hand over
+// what it owned in the view without this node (expectEntry), on each
+// view change, until each has ended a handoff here.
 func (n *Node) observeView(cur *cluster.View) {
 	if n.seen.view.Load() == cur {
 		return
@@ -208,11 +218,19 @@ func (n *Node) observeView(cur *cluster.View) {
 		return
 	}
 	n.seen.view.Store(cur)
-	if old == nil {
-		return // the first view: nothing moved
-	}
 	self := n.data.ID()
 	in := func(v *cluster.View) bool { _, ok := v.Member(self); return ok }
+	if old == nil || old.Len() == 0 {
+		// The first view (or none before it): this node cannot tell what
+		// moved while it was away.
+		if in(cur) && !n.draining.Load() && n.expectEntry(cur) {
+			// The others may be guessing too (a restart of every
+			// node): end their waits for this node at once, and send
+			// on whatever it holds that is no longer its own.
+			n.handOverAsync("entry")
+		}
+		return
+	}
 	if in(cur) {
 		// Members gone without announcing a drain failed: their keys
 		// start fresh here, which the exposure metric counts.
@@ -225,27 +243,63 @@ func (n *Node) observeView(cur *cluster.View) {
 	switch {
 	case n.draining.Load():
 	case in(old) && in(cur) && !old.Equal(cur):
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			go func() { // the node stopping ends the handoff
-				select {
-				case <-n.done:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			n.handOver(ctx, "view change")
-		}()
+		if n.seen.entering {
+			n.expectEntry(cur)
+		}
+		n.handOverAsync("view change")
 	case !in(old) && in(cur):
 		for _, m := range old.Members() {
 			if _, still := cur.Member(m.ID); still && m.ID != self {
 				n.handoff.Expect(m.ID, old, handoff.DefaultWait)
 			}
 		}
+		if n.seen.entering {
+			n.expectEntry(cur)
+		}
 	}
+}
+
+// handOverAsync runs handOver in the background, for at most 30 s or
+// until the node stops.
+func (n *Node) handOverAsync(why string) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		go func() { // the node stopping ends the handoff
+			select {
+			case <-n.done:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		n.handOver(ctx, why)
+	}()
+}
+
+// expectEntry expects each other member of cur that has not yet ended a
+// handoff here to hand over the keys it owned in cur without this node
+// (handoff.Receiver.ExpectEntry), and keeps n.seen.entering while any
+// has not; it reports whether cur has other members. n.seen.mu is held.
+func (n *Node) expectEntry(cur *cluster.View) bool {
+	self := n.data.ID()
+	others := make([]cluster.Member, 0, cur.Len())
+	for _, m := range cur.Members() {
+		if m.ID != self {
+			others = append(others, m)
+		}
+	}
+	without := cluster.NewView(cur.Epoch, others)
+	n.seen.entering = false
+	for _, m := range others {
+		if n.handoff.Heard(m.ID) {
+			continue
+		}
+		n.seen.entering = true
+		n.handoff.ExpectEntry(m.ID, without, handoff.DefaultWait)
+	}
+	return len(others) > 0
 }
 
 // HandoffHeader marks a decision that a key's new owner sends to the
@@ -354,19 +408,30 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	if err != nil && actx.Err() != nil && ctx.Err() == nil {
 		err = failf(ErrUnavailable, "old owner %s did not answer within %v", old.ID, left/3)
 	}
-	switch reason := oldOwnerReason(err); {
-	case err == nil:
-		proto.Reset(resp)
-		proto.Merge(resp, r)
-		return true, nil
-	case reason == NotHereReason:
-		return false, nil // nothing of the key is in flight
-	case reason == "" && !unreachable(err):
-		return true, err // the old owner's answer (a bad request, an unknown rule)
+	reason := oldOwnerReason(err)
+	if err != nil && reason == "" && n.handoff.Guessed(old.ID) {
+		// Only guessed (ExpectEntry), and the old owner did not say that
+		// it holds the key: it is decided here. If the old owner could
+		// not be asked, the key counts as fresh; should it hand a state
+		// over later, the emptier bucket wins (shard.Map.Import).
+		if unreachable(err) {
+			n.handoff.MarkStale(name, key)
+		}
+		switch {
+		case err == nil:
+			proto.Reset(resp)
+			proto.Merge(resp, r)
+			return true, nil
+		case reason == NotHereReason:
+			return false, nil // nothing of the key is in flight
+		case reason == "" && !unreachable(err):
+			return true, err // the old owner's answer (a bad request, an unknown rule)
+		}
+		return false, nil
 	}
 	// Handed over (on the wire), or the old owner did not answer: wait.
 	until := start.Add(2 * left / 3)
-	if n.handoff.WaitKey(ctx, name, key, until, oldOwnerReason(err) == HandedOverReason) {
+	if n.handoff.WaitKey(ctx, name, key, until, reason == HandedOverReason) {
 		return false, nil
 	}
 	n.handoff.Held.Add(1)
