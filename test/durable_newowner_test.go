@@ -101,7 +101,7 @@ func TestDurableFullRestartNewOwner(t *testing.T) {
 			zero := int64(0)
 			resp, err := c.token(c.ids[i%len(c.ids)]).AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: r.GetName(), Key: k, Permits: &zero})
 			left = resp.GetRemaining()
-			return err == nil && resp.GetRetryAfterNs() != int64(20*time.Millisecond) // not a handoff hold
+			return err == nil && !isHold(resp)
 		})
 		switch {
 		case left == limit-used:
