@@ -10,7 +10,11 @@ func (s *Store) Has(ruleName, key string) bool {
 	if s.n.Load() == 0 {
 		return false
 	}
-	str := &s.stripes[s.stripeOf(key)]
+	h := s.hash(key)
+	str := &s.stripes[h&(stripes-1)]
+	if !str.filter.Load().mayHave(h) {
+		return false
+	}
 	str.mu.Lock()
 	defer str.mu.Unlock()
 	_, ok := str.m[Ref{ruleName, key}]

@@ -63,6 +63,18 @@ type Store struct {
 type storeStripe struct {
 	mu sync.Mutex
 	m  map[Ref]stored
+	// filter says which keys may have a copy here (filter.go); replaced
+	// under mu, read without it.
+	filter atomic.Pointer[keyFilter]
+}
+
+// refilter rebuilds st's filter from its map; st.mu is held.
+func (s *Store) refilter(st *storeStripe) {
+	f := newKeyFilter(len(st.m))
+	for r := range st.m {
+		f.add(s.hash(r.Key))
+	}
+	st.filter.Store(f)
 }
 
 // stateInline is the most state bytes a stored copy holds without a heap
@@ -151,14 +163,19 @@ func NewStore(maxBytes int64, budget Budget) *Store {
 	s := &Store{seed: maphash.MakeSeed(), limit: maxBytes, budget: budget, names: map[string]string{}}
 	for i := range s.stripes {
 		s.stripes[i].m = map[Ref]stored{}
+		s.stripes[i].filter.Store(newKeyFilter(0))
 	}
 	s.drops.m = map[Ref]int64{}
 	return s
 }
 
 func (s *Store) stripeOf(key string) int {
-	return int(maphash.String(s.seed, key) & (stripes - 1))
+	return int(s.hash(key) & (stripes - 1))
 }
+
+// hash is key's hash: its low bits pick the stripe, the others the bit of
+// the stripe's filter.
+func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
 
 // maxNames bounds the rule names the Store shares among copies.
 const maxNames = 4096
@@ -285,7 +302,11 @@ func (s *Store) PutBatch(cs []Copy) int {
 				}
 			}
 			str.m[r] = v
+			str.filter.Load().add(s.hash(r.Key))
 			n++
+		}
+		if str.filter.Load().full(len(str.m)) {
+			s.refilter(str)
 		}
 		str.mu.Unlock()
 		s.drops.add(dropped, cs[0].At)
@@ -294,12 +315,17 @@ func (s *Store) PutBatch(cs []Copy) int {
 }
 
 // Take removes and returns the copy of key's bucket of ruleName. It costs
-// one atomic load while the Store is empty.
+// one atomic load while the Store is empty, and a hash and one more when
+// it holds no copy of key (its stripe's filter).
 func (s *Store) Take(ruleName, key string) (Copy, bool) {
 	if s.n.Load() == 0 {
 		return Copy{}, false
 	}
-	str := &s.stripes[s.stripeOf(key)]
+	h := s.hash(key)
+	str := &s.stripes[h&(stripes-1)]
+	if !str.filter.Load().mayHave(h) {
+		return Copy{}, false
+	}
 	str.mu.Lock()
 	defer str.mu.Unlock()
 	r := Ref{ruleName, key}
@@ -336,6 +362,7 @@ func (s *Store) Range(fn func(Copy) (keep bool)) {
 				s.release(v.size(r.Key))
 			}
 		}
+		s.refilter(st) // clears the bits of copies taken since
 		st.mu.Unlock()
 	}
 }
