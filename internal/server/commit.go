@@ -147,7 +147,6 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 		case err == nil:
 			return r, nil
 		case reason == NotHereReason: // nothing of the key is in flight: here
-		case reason == "" && n.handoff.Guessed(old.ID): // only guessed: here (handoffDecide)
 		case reason == "" && !unreachable(err) && !timedOut:
 			return zero, err // the old owner's answer (an unknown grant, a bad request)
 		default: // handed over, or the old owner did not answer: wait
