@@ -243,8 +243,9 @@ func (e *entry) export(key string, now int64) (BucketState, error) {
 }
 
 // Import installs s, exported by another node, as of now, under the rule
-// of t it belongs to; false (and nothing changed) when t has no such rule
-// generation any more. A state that carries a request's limit (Inline) is
+// of t it belongs to, or, for a rule t does not hold, the one the Map's
+// LocalRules compile (SetLocalRules); false (and nothing changed) when
+// neither has such a rule generation any more. A state that carries a request's limit (Inline) is
 // judged by it, as on the exporter, unless an override of the key applies
 // here (the override wins, as for an acquire). Where this Map already
 // holds the key (a call that landed here before the state did, or a
@@ -254,6 +255,9 @@ func (e *entry) export(key string, now int64) (BucketState, error) {
 // and the record of settled (refilled or committed) grants are merged.
 func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	c := t.Get(s.Rule)
+	if c == nil {
+		c = m.localRule(s.Rule) // a rule the node makes itself (SetLocalRules)
+	}
 	if c == nil || c.Rule.Generation != s.Generation {
 		return false, nil
 	}

@@ -68,6 +68,7 @@ type Map struct {
 	// dropped is the highest grant nonce of a dropped bucket.
 	dropped  atomic.Uint64
 	imported issuers // other nodes' grant keys (export.go)
+	local    atomic.Pointer[LocalRules] // rules outside the rule table (localrules.go)
 }
 
 type shard struct {
