@@ -67,7 +67,7 @@ type Map struct {
 	scanShard  atomic.Uint64 // where a search for a rule's full buckets starts (evictOwnFull)
 	// dropped is the highest grant nonce of a dropped bucket.
 	dropped  atomic.Uint64
-	imported issuers // other nodes' grant keys (export.go)
+	imported issuers                    // other nodes' grant keys (export.go)
 	local    atomic.Pointer[LocalRules] // rules outside the rule table (localrules.go)
 }
 
