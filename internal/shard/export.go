@@ -37,6 +37,10 @@ type BucketState struct {
 	// configuration for the key (and all a sender older than this field
 	// sends).
 	Inline *rule.InlineLimit
+	// Frozen marks the HandOver that exported the bucket (0 for Export
+	// and ExportKey): DropFrozen takes it back once the new owner holds
+	// the state. It stays on this node (it is not part of the state).
+	Frozen uint64
 }
 
 // RefilledGrant is one grant already given back, forgotten after
@@ -184,6 +188,10 @@ func (m *Map) Thaw(ruleName, key string) bool {
 }
 
 func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bool, fn func(BucketState) error) error {
+	var mark uint64
+	if freeze {
+		mark = m.freezes.Add(1)
+	}
 	for i := range m.shards {
 		tab := m.shards[i].tab.Load()
 		for j := range tab.slots {
@@ -204,7 +212,7 @@ func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bo
 			}
 			s, err := e.export(key, now)
 			if err == nil && freeze {
-				e.moved = true
+				e.moved, e.frozen, s.Frozen = true, mark, mark
 			}
 			e.mu.Unlock()
 			if err != nil {

@@ -69,6 +69,7 @@ type Map struct {
 	dropped  atomic.Uint64
 	imported issuers                    // other nodes' grant keys (export.go)
 	local    atomic.Pointer[LocalRules] // rules outside the rule table (localrules.go)
+	freezes  atomic.Uint64              // HandOver calls, which mark what they freeze (export.go)
 }
 
 type shard struct {
@@ -124,6 +125,9 @@ type entry struct {
 	// (export.go); decisions on it fail with ErrMoved until it is
 	// installed back or thawed.
 	moved bool
+	// frozen marks the HandOver that set moved (export.go: DropFrozen
+	// drops the bucket only if no other HandOver froze it since).
+	frozen uint64
 }
 
 // New returns an empty Map.
