@@ -260,7 +260,9 @@ func (e *entry) export(key string, now int64) (BucketState, error) {
 // bucket left from an earlier ownership), the bucket with fewer permits
 // left is kept, with the configuration that judges it, so that an import
 // never hands out more than either side would: grant numbering, penalty
-// and the record of settled (refilled or committed) grants are merged.
+// and the record of settled (refilled or committed) grants are merged,
+// and when s's state is kept, its grants (leases included) are honoured
+// here however the two buckets numbered theirs.
 func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	c := t.Get(s.Rule)
 	if c == nil {
@@ -317,6 +319,12 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 			e.cfg = src
 		}
 		e.stamp = nil // the next acquire looks its configuration up
+		if s.First != 0 {
+			// The grants of the state kept are honoured here: the
+			// bucket's own numbering may have begun after theirs (the
+			// exporter's clock is behind, a node restarted since).
+			e.first = min(e.first, s.First)
+		}
 	}
 	e.moved = false
 	e.seq = max(e.seq, s.Seq)

@@ -97,7 +97,9 @@ type entry struct {
 	key string
 	// first is the bucket's first grant nonce: above every nonce of the
 	// buckets dropped before it was made, so that a grant of an earlier
-	// bucket of the key gives nothing back here. Immutable.
+	// bucket of the key gives nothing back here. Set when the entry is
+	// made; only Import lowers it, to the first nonce of a state it
+	// installs (export.go).
 	first uint64
 	b     bucket.Bucket
 	// rule is the compiled rule version the bucket was last judged by; it
