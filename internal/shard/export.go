@@ -262,7 +262,9 @@ func (e *entry) export(key string, now int64) (BucketState, error) {
 // never hands out more than either side would: grant numbering, penalty
 // and the record of settled (refilled or committed) grants are merged,
 // and when s's state is kept, its grants (leases included) are honoured
-// here however the two buckets numbered theirs.
+// here however the two buckets numbered theirs. Concurrency buckets are
+// merged instead, lease by lease (leasemerge.go): every lease granted on
+// either side is in flight and is released here.
 func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	c := t.Get(s.Rule)
 	if c == nil {
@@ -306,7 +308,28 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	}
 	before := e.bytes()
 	peek := bucket.Request{}
-	if e.moved || b.Acquire(src, now, peek).Remaining <= e.b.Acquire(e.config(s.Key), now, peek).Remaining {
+	here := e.config(s.Key)
+	keep := e.moved || b.Acquire(src, now, peek).Remaining <= e.b.Acquire(here, now, peek).Remaining
+	if !e.moved && src.Algorithm == bucket.Concurrency && here.Algorithm == bucket.Concurrency {
+		// Leases granted on either side are all in flight (leasemerge.go).
+		to := here
+		if keep {
+			to = src
+		}
+		u, err := unionLeases(to, src, b, here, e.b, now)
+		if err != nil {
+			return false, fmt.Errorf("import rule %q: %w", s.Rule, err)
+		}
+		if keep {
+			b = u
+		} else {
+			e.b = u
+			if s.First != 0 { // the state's leases are released here too
+				e.first = min(e.first, s.First)
+			}
+		}
+	}
+	if keep {
 		// A bucket this Map handed over is stale: the state that comes
 		// back is the key's.
 		e.b = b
