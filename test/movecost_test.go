@@ -81,11 +81,10 @@ func TestHandoffCommitsAndRequestLimits(t *testing.T) {
 // is always denied) while a node drains, then while it comes back. Over
 // the drain, every granted item is given back to the key's bucket,
 // wherever it moved in between, and none twice, so each key ends
-// exactly half spent. Over the rejoin, no grant is given back twice
-// (never more than 50 left); a give-back that reaches the joining node
-// before the key's state, while it does not know the state is on its way
-// (it has seen no view without itself), finds no bucket and gives
-// nothing back: under-admission, which the figure counts.
+// exactly half spent. Over the rejoin, the same: no grant is given back
+// twice (never more than 50 left), and none is lost: the joining node
+// expects its keys back even when its first view already holds it, so a
+// give-back does not reach a bucket it made before the key's state came.
 func TestAllOrNothingGiveBacksDuringMoves(t *testing.T) {
 	c := newProcCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -191,6 +190,9 @@ func TestAllOrNothingGiveBacksDuringMoves(t *testing.T) {
 	bad, lost, over := left()
 	if over > 0 {
 		t.Errorf("rejoin: after %d refused batches, grants given back twice: %v", n, bad)
+	}
+	if lost > 0 { // the rejoin gap: a give-back reached n0 before the key's state
+		t.Errorf("rejoin: after %d refused batches, %d permits not given back: %v", n, lost, bad)
 	}
 	t.Logf("FIGURE all-or-nothing give-backs during a rejoin: %d refused batches, %d permits not given back (under-admission) on %d of %d keys, 0 given back twice", n, lost, len(bad), keys)
 }

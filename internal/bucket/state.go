@@ -20,7 +20,9 @@ var ErrBadState = errors.New("bad bucket state")
 // (varints), made for bulk transfer between nodes of one release.
 func MarshalState(c *Config, b Bucket, now int64) ([]byte, error) {
 	b.Acquire(c, now, Request{}) // advance windows and logs to now
-	out := []byte{stateVersion, byte(c.Algorithm)}
+	// Room for the fixed-size states (a token bucket takes up to 30
+	// bytes), so that most encodings take one allocation.
+	out := append(make([]byte, 0, 32), stateVersion, byte(c.Algorithm))
 	rel := func(t int64) int64 { return addSat(t, -now) }
 	switch s := b.(type) {
 	case *tokenBucket:

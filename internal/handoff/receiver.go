@@ -235,10 +235,12 @@ func (r *Receiver) finishLocked(from string, completed bool) {
 }
 
 // pendingFor is the pending handoff that key's state belongs to: one
-// from the member that owned key in the view before, nil if none. A
+// from the member that owned key in the view before, nil if none; a
+// handoff announced or owed comes before a guessed one (ExpectEntry). A
 // handoff whose wait ran out ends here: its sender counts as gone
-// unplanned. r.mu is held.
+// unplanned, unless it was only guessed. r.mu is held.
 func (r *Receiver) pendingFor(key string, now time.Time) *pending {
+	var guess *pending
 	for from, q := range r.pending {
 		o, ok := q.old.Owner(key)
 		if !ok || o.ID != from || o.ID == r.l.ID {
@@ -258,9 +260,12 @@ func (r *Receiver) pendingFor(key string, now time.Time) *pending {
 			}
 			continue
 		}
-		return q
+		if !q.guessed {
+			return q
+		}
+		guess = q
 	}
-	return nil
+	return guess
 }
 
 // InFlight reports the member whose handoff of key's bucket of ruleName

@@ -9,7 +9,6 @@ import (
 
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
-	"github.com/tokenserver/tokenserver/internal/handoff"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 	peerv1 "github.com/tokenserver/tokenserver/proto/tokenserver/peer/v1"
@@ -55,33 +54,28 @@ func BenchmarkReplicateEncodeApply(b *testing.B) {
 		b.StartTimer()
 		start := cpuNanos()
 		tk := a.r.Tracker.Take()
-		batch := &peerv1.ReplicaBatch{From: "a", SenderNowNs: a.now}
-		flush := func() {
-			buf, err := proto.Marshal(batch)
+		buf := a.r.sendBufs.Get().(*sendBuf)
+		for refs := tk.Refs; len(refs) > 0; {
+			states, used, err := a.r.exportBatch(buf, refs, a.now)
+			if err != nil || len(states) != used {
+				b.Fatal(len(states), used, err)
+			}
+			refs = refs[used:]
+			buf.batch = peerv1.ReplicaBatch{From: "a", SenderNowNs: a.now, Buckets: states}
+			out, err := proto.Marshal(&buf.batch)
 			if err != nil {
 				b.Fatal(err)
 			}
-			wire += int64(len(buf))
+			wire += int64(len(out))
 			var got peerv1.ReplicaBatch
-			if err := proto.Unmarshal(buf, &got); err != nil {
+			if err := proto.Unmarshal(out, &got); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := recv.r.storeBatch(&got, recv.now); err != nil {
 				b.Fatal(err)
 			}
-			batch.Buckets = batch.Buckets[:0]
 		}
-		for _, ref := range tk.Refs {
-			s, ok, err := a.m.ExportKey(ref.Rule, ref.Key, a.now)
-			if err != nil || !ok {
-				b.Fatal(ok, err)
-			}
-			batch.Buckets = append(batch.Buckets, handoff.ToPB(s))
-			if len(batch.Buckets) == BatchBuckets {
-				flush()
-			}
-		}
-		flush()
+		a.r.sendBufs.Put(buf)
 		a.r.Tracker.Ack(tk)
 		cpu += cpuNanos() - start
 	}

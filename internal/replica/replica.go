@@ -66,13 +66,25 @@ type Replicator struct {
 	// restored is set once RestoreOnce ran.
 	restored  atomic.Bool
 	restoreMu sync.Mutex
+	// sendBufs and copyBufs reuse the batches of Tick and storeBatch.
+	sendBufs, copyBufs sync.Pool
 }
 
 var _ peerv1.ReplicaServiceServer = (*Replicator)(nil)
 
-// New returns a Replicator for l.
+// New returns a Replicator for l. Its Store holds at most CopyShare
+// percent of l.Buckets' memory budget (DefaultMaxCopyBytes without one),
+// counted against that budget.
 func New(l Local) *Replicator {
-	return &Replicator{l: l, Tracker: NewTracker(), Store: NewStore()}
+	var limit int64
+	var budget Budget
+	if l.Buckets != nil {
+		limit, budget = l.Buckets.MaxBytes()/100*CopyShare, l.Buckets
+	}
+	r := &Replicator{l: l, Tracker: NewTracker(), Store: NewStore(limit, budget)}
+	r.sendBufs.New = func() any { return new(sendBuf) }
+	r.copyBufs.New = func() any { b := make([]Copy, 0, BatchBuckets); return &b }
+	return r
 }
 
 // Touch records a decision on key's bucket of c that admitted permits;
@@ -179,7 +191,6 @@ func (r *Replicator) Tick(ctx context.Context, dial func(addr string) (grpc.Clie
 	type group struct {
 		member cluster.Member
 		refs   []Ref
-		states []*peerv1.BucketState
 	}
 	groups := map[string]*group{}
 	var unsent []Ref
@@ -189,21 +200,12 @@ func (r *Replicator) Tick(ctx context.Context, dial func(addr string) (grpc.Clie
 			unsent = append(unsent, ref) // no other member yet
 			continue
 		}
-		s, ok, err := r.l.Buckets.ExportKey(ref.Rule, ref.Key, now)
-		if err != nil {
-			r.Tracker.Requeue(tk, tk.Refs)
-			return fmt.Errorf("replicate: %w", err)
-		}
-		if !ok {
-			continue // evicted back at its initial state: nothing to keep
-		}
 		g := groups[m.ID]
 		if g == nil {
-			g = &group{member: m}
+			g = &group{member: m, refs: make([]Ref, 0, len(tk.Refs)/max(1, v.Len()-1)+1)}
 			groups[m.ID] = g
 		}
 		g.refs = append(g.refs, ref)
-		g.states = append(g.states, handoff.ToPB(s))
 	}
 	issuers, err := issuersPB(r.l.Buckets.Issuers())
 	if err != nil {
@@ -212,7 +214,7 @@ func (r *Replicator) Tick(ctx context.Context, dial func(addr string) (grpc.Clie
 	}
 	var failed error
 	for _, g := range groups {
-		n, bytes, err := r.send(ctx, dial, g.member, now, issuers, g.states)
+		n, bytes, err := r.send(ctx, dial, g.member, now, issuers, g.refs)
 		r.SentBuckets.Add(n)
 		r.SentBytes.Add(bytes)
 		if err != nil {
@@ -230,8 +232,54 @@ func (r *Replicator) Tick(ctx context.Context, dial func(addr string) (grpc.Clie
 	return failed
 }
 
-// send streams states to member.
-func (r *Replicator) send(ctx context.Context, dial func(string) (grpc.ClientConnInterface, error), member cluster.Member, now int64, issuers []*peerv1.Issuer, states []*peerv1.BucketState) (n, bytes int64, err error) {
+// sendBuf is one batch being built: its messages are reused from batch
+// to batch and from Tick to Tick (a stream's Send encodes a message
+// before it returns).
+type sendBuf struct {
+	vals  [BatchBuckets]peerv1.BucketState
+	ptrs  [BatchBuckets]*peerv1.BucketState
+	batch peerv1.ReplicaBatch
+}
+
+// exportBatch fills buf with the states of refs (from the front, as many
+// as a batch holds) as of now; it returns the states and how many refs
+// it consumed. A bucket that is gone (evicted back at its initial
+// state) has nothing to keep and is skipped.
+func (r *Replicator) exportBatch(buf *sendBuf, refs []Ref, now int64) ([]*peerv1.BucketState, int, error) {
+	n, used := 0, 0
+	for _, ref := range refs {
+		if n == BatchBuckets {
+			break
+		}
+		used++
+		s, ok, err := r.l.Buckets.ExportKey(ref.Rule, ref.Key, now)
+		if err != nil {
+			return nil, used, fmt.Errorf("replicate: %w", err)
+		}
+		if !ok {
+			continue
+		}
+		toPB(&buf.vals[n], s)
+		buf.ptrs[n] = &buf.vals[n]
+		n++
+	}
+	return buf.ptrs[:n], used, nil
+}
+
+// toPB is handoff.ToPB into a message that is reused.
+func toPB(b *peerv1.BucketState, s shard.BucketState) {
+	*b = peerv1.BucketState{Rule: s.Rule, Generation: s.Generation, Key: s.Key, Seq: s.Seq, First: s.First,
+		PenaltyLeftNs: s.PenaltyLeft, State: s.State, RefillFloorNs: s.RefillFloor}
+	for _, r := range s.Refilled {
+		b.Refilled = append(b.Refilled, &peerv1.Refilled{Nonce: r.Nonce, ExpiresInNs: r.ExpiresIn})
+	}
+	if l := s.Inline; l != nil {
+		b.Inline = &peerv1.InlineLimit{Algorithm: int32(l.Algorithm), Limit: l.Limit, PeriodNs: int64(l.Period), Burst: l.Burst}
+	}
+}
+
+// send exports refs' buckets and streams them to member.
+func (r *Replicator) send(ctx context.Context, dial func(string) (grpc.ClientConnInterface, error), member cluster.Member, now int64, issuers []*peerv1.Issuer, refs []Ref) (n, bytes int64, err error) {
 	conn, err := dial(member.GRPCAddr)
 	if err != nil {
 		return 0, 0, err
@@ -240,9 +288,24 @@ func (r *Replicator) send(ctx context.Context, dial func(string) (grpc.ClientCon
 	if err != nil {
 		return 0, 0, fmt.Errorf("open replicate stream: %w", err)
 	}
-	for i := 0; i < len(states); i += BatchBuckets {
-		b := &peerv1.ReplicaBatch{From: r.l.ID, SenderNowNs: now, Buckets: states[i:min(i+BatchBuckets, len(states))]}
-		if i == 0 {
+	buf := r.sendBufs.Get().(*sendBuf)
+	defer func() {
+		clear(buf.vals[:]) // let go of the states
+		r.sendBufs.Put(buf)
+	}()
+	b := &buf.batch
+	for first := true; len(refs) > 0; first = false {
+		states, used, err := r.exportBatch(buf, refs, now)
+		refs = refs[used:]
+		if err != nil {
+			stream.CloseSend()
+			return n, bytes, err
+		}
+		if len(states) == 0 && !first {
+			continue
+		}
+		*b = peerv1.ReplicaBatch{From: r.l.ID, SenderNowNs: now, Buckets: states}
+		if first {
 			b.Issuers = issuers
 		}
 		if err := stream.Send(b); err != nil {
@@ -297,13 +360,26 @@ func (r *Replicator) storeBatch(b *peerv1.ReplicaBatch, at int64) (int64, error)
 		r.l.Buckets.AddIssuers(is)
 	}
 	var n int64
-	for _, s := range b.GetBuckets() {
-		if len(s.GetKey()) > rule.MaxKeyLen || len(s.GetRule()) > rule.MaxNameLen {
-			return n, fmt.Errorf("bucket of rule %q: key or rule name too long", s.GetRule())
+	buf := r.copyBufs.Get().(*[]Copy)
+	defer func() {
+		clear(*buf)
+		*buf = (*buf)[:0]
+		r.copyBufs.Put(buf)
+	}()
+	bs := b.GetBuckets()
+	for len(bs) > 0 {
+		part := bs[:min(len(bs), BatchBuckets)]
+		bs = bs[len(part):]
+		cs := (*buf)[:0]
+		for _, s := range part {
+			if len(s.GetKey()) > rule.MaxKeyLen || len(s.GetRule()) > rule.MaxNameLen {
+				r.Received.Add(n)
+				return n, fmt.Errorf("bucket of rule %q: key or rule name too long", s.GetRule())
+			}
+			cs = append(cs, Copy{State: handoff.FromPB(s), At: at})
 		}
-		if r.Store.Put(Copy{State: handoff.FromPB(s), At: at}) {
-			n++
-		}
+		*buf = cs
+		n += int64(r.Store.PutBatch(cs))
 	}
 	r.Received.Add(n)
 	r.changed.Store(true)

@@ -6,6 +6,7 @@ package replica
 
 import (
 	"hash/maphash"
+	"slices"
 	"sync"
 )
 
@@ -71,6 +72,7 @@ func (t *Tracker) Take() Taken {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
+		out.Refs = slices.Grow(out.Refs, len(s.dirty))
 		for r := range s.dirty {
 			out.Refs = append(out.Refs, r)
 		}

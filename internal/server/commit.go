@@ -110,6 +110,9 @@ func (s *tokenService) commitHere(c *rule.Compiled, req *pb.CommitTokenRequest) 
 //     state within two thirds of the caller's time and is made here; if
 //     the state has not come, it is ErrUnavailable and changes nothing
 //     (a retry is safe: settlements are idempotent by grant id).
+//   - On a node outside its own view that a forwarded settlement reaches
+//     (it is coming back and has not yet heard), it goes to the owner in
+//     its view likewise (stateElsewhere).
 //   - On the old owner, a bucket it handed over (shard.ErrMoved) is
 //     settled on the key's owner in the view; when the view gives the
 //     key back here, the bucket is thawed and settled here.
@@ -128,7 +131,9 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 		}
 		return r, err
 	}
-	if old, ok := n.handoff.InFlight(name, key); ok {
+	// As for an acquire (handoffDecide, stateElsewhere): a settlement
+	// made on no bucket while the key's state is on its way is lost.
+	if old, ok := n.stateElsewhere(ctx, name, key); ok {
 		start := time.Now()
 		left := handoff.DefaultWait
 		if dl, ok := ctx.Deadline(); ok {
@@ -142,6 +147,7 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 		case err == nil:
 			return r, nil
 		case reason == NotHereReason: // nothing of the key is in flight: here
+		case reason == "" && n.handoff.Guessed(old.ID): // only guessed: here (handoffDecide)
 		case reason == "" && !unreachable(err) && !timedOut:
 			return zero, err // the old owner's answer (an unknown grant, a bad request)
 		default: // handed over, or the old owner did not answer: wait

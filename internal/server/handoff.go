@@ -243,18 +243,19 @@ func (n *Node) observeView(cur *cluster.View) {
 	switch {
 	case n.draining.Load():
 	case in(old) && in(cur) && !old.Equal(cur):
+		n.handOverAsync("view change")
+	case in(old) && in(cur):
+		// The same members at a new epoch: for a node still entering,
+		// its leaving and coming back may both lie in between.
 		if n.seen.entering {
 			n.expectEntry(cur)
 		}
-		n.handOverAsync("view change")
 	case !in(old) && in(cur):
+		n.seen.entering = false // it saw itself enter: old is what moved
 		for _, m := range old.Members() {
 			if _, still := cur.Member(m.ID); still && m.ID != self {
 				n.handoff.Expect(m.ID, old, handoff.DefaultWait)
 			}
-		}
-		if n.seen.entering {
-			n.expectEntry(cur)
 		}
 	}
 }
@@ -292,12 +293,17 @@ func (n *Node) expectEntry(cur *cluster.View) bool {
 	}
 	without := cluster.NewView(cur.Epoch, others)
 	n.seen.entering = false
+	var waiting []string
 	for _, m := range others {
 		if n.handoff.Heard(m.ID) {
 			continue
 		}
 		n.seen.entering = true
+		waiting = append(waiting, m.ID)
 		n.handoff.ExpectEntry(m.ID, without, handoff.DefaultWait)
+	}
+	if len(waiting) > 0 {
+		n.log.Info("handoff: in a view this node did not see itself enter; expecting its keys back", "from", waiting, "epoch", cur.Epoch)
 	}
 	return len(others) > 0
 }
@@ -353,6 +359,29 @@ func oldOwnerReason(err error) string {
 	return ""
 }
 
+// stateElsewhere reports the member that holds key's state of ruleName
+// while it is not decided here yet: the old owner while its handoff is
+// in flight (Receiver.InFlight), or, on a node outside its own view
+// (draining, or entering before it has heard that it is back) that a
+// forwarded call reaches, the owner in its view, when it holds no bucket
+// of the key. It first observes the current view, so that a key is never
+// decided or settled on a view whose moves are not yet expected.
+func (n *Node) stateElsewhere(ctx context.Context, ruleName, key string) (cluster.Member, bool) {
+	v := n.data.View()
+	n.observeView(v)
+	if old, ok := n.handoff.InFlight(ruleName, key); ok {
+		return old, true
+	}
+	owner, has := v.Owner(key)
+	if _, in := v.Member(n.data.ID()); in || !has || !forwarded(ctx) {
+		return cluster.Member{}, false
+	}
+	if held, _ := n.buckets.Held(ruleName, key); held {
+		return cluster.Member{}, false
+	}
+	return owner, true
+}
+
 // handoffDecide handles an acquire whose key's bucket is not decided here
 // yet. done says it answered (into resp, grant id included), else the
 // caller decides locally.
@@ -376,21 +405,9 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		}
 		return false, nil
 	}
-	v := n.data.View()
-	n.observeView(v)
-	old, ok := n.handoff.InFlight(name, key)
+	old, ok := n.stateElsewhere(ctx, name, key)
 	if !ok {
-		// A node outside its own view (draining, or entering before it
-		// has heard) that a call reaches holds no state for a key it
-		// holds no bucket of: the owner in its view does.
-		owner, has := v.Owner(key)
-		if _, in := v.Member(n.data.ID()); in || !has || !forwarded(ctx) {
-			return false, nil
-		}
-		if held, _ := n.buckets.Held(name, key); held {
-			return false, nil
-		}
-		old = owner
+		return false, nil
 	}
 	n.handoff.Asked.Add(1)
 	// The caller's time in thirds: one to ask the old owner, one to wait
@@ -409,7 +426,14 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		err = failf(ErrUnavailable, "old owner %s did not answer within %v", old.ID, left/3)
 	}
 	reason := oldOwnerReason(err)
-	if err != nil && reason == "" && n.handoff.Guessed(old.ID) {
+	switch {
+	case err == nil:
+		proto.Reset(resp)
+		proto.Merge(resp, r)
+		return true, nil
+	case reason == NotHereReason:
+		return false, nil // nothing of the key is in flight
+	case reason == "" && n.handoff.Guessed(old.ID):
 		// Only guessed (ExpectEntry), and the old owner did not say that
 		// it holds the key: it is decided here. If the old owner could
 		// not be asked, the key counts as fresh; should it hand a state
@@ -417,17 +441,9 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		if unreachable(err) {
 			n.handoff.MarkStale(name, key)
 		}
-		switch {
-		case err == nil:
-			proto.Reset(resp)
-			proto.Merge(resp, r)
-			return true, nil
-		case reason == NotHereReason:
-			return false, nil // nothing of the key is in flight
-		case reason == "" && !unreachable(err):
-			return true, err // the old owner's answer (a bad request, an unknown rule)
-		}
 		return false, nil
+	case reason == "" && !unreachable(err):
+		return true, err // the old owner's answer (a bad request, an unknown rule)
 	}
 	// Handed over (on the wire), or the old owner did not answer: wait.
 	until := start.Add(2 * left / 3)

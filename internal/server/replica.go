@@ -31,9 +31,12 @@ func (n *Node) newReplica() func(grpc.ServiceRegistrar) {
 	})
 	r := n.replica
 	// What this node admitted on durable buckets since their last
-	// acknowledged copy is part of tokenserver_overadmission_bound_permits.
+	// acknowledged copy is part of tokenserver_overadmission_bound_permits;
+	// so are the keys whose copy this node dropped for want of room
+	// (a copy infinitely behind): they start fresh here after a crash of
+	// their owner, each with its capacity.
 	n.bound.Add(overadmit.Func{N: "replication_lag", F: func(c *rule.Compiled, _ time.Time) int64 {
-		return r.Tracker.LagPermits(c.Rule.Name)
+		return r.Tracker.LagPermits(c.Rule.Name) + r.Store.DroppedPermits(c, n.now())
 	}})
 	n.metrics.reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tokenserver_replication_sent_buckets_total", Help: "Durable buckets this node sent to the next owners of their keys."},
@@ -46,6 +49,12 @@ func (n *Node) newReplica() func(grpc.ServiceRegistrar) {
 			func() float64 { return float64(r.Installed.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_replication_copies", Help: "Copies of other nodes' durable buckets (and of checkpointed ones) this node keeps."},
 			func() float64 { return float64(r.Store.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_replication_copies_bytes", Help: "Estimated memory of the copies this node keeps, counted in tokenserver_bucket_memory_bytes against --max-bucket-memory."},
+			func() float64 { return float64(r.Store.Bytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_replication_copies_limit_bytes", Help: "The most memory copies may take: a share of --max-bucket-memory."},
+			func() float64 { return float64(r.Store.MaxBytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_replication_copies_dropped", Help: "Keys whose copy this node dropped for want of room, within their window: they start fresh after a crash of their owner (counted in tokenserver_overadmission_bound_permits)."},
+			func() float64 { return float64(r.Store.Dropped()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_checkpoint_buckets", Help: "Durable buckets and copies in the last checkpoint written to the data dir."},
 			func() float64 { return float64(r.CheckpointBuckets.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tokenserver_checkpoint_bytes", Help: "Size of the last checkpoint written to the data dir."},
