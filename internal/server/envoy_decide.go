@@ -88,8 +88,11 @@ func newEnvoyDecider(n *Node) *envoyDecider {
 		d.fixed[u] = rule.Compile(&rule.Rule{Name: "envoy/fixed-window/" + u.String(), Algorithm: bucket.FixedWindow,
 			Limit: bucket.MaxLimit, Period: envoyrls.Period(u), Version: envoyVersion, Generation: 1})
 	}
-	// Counters handed over to this node are installed under these rules.
-	n.buckets.SetLocalRules(d.byName)
+	if n != nil { // (a decider without a node only parses names)
+		// Counters handed over to this node are installed under these
+		// rules.
+		n.buckets.SetLocalRules(d.byName)
+	}
 	return d
 }
 
