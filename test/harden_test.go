@@ -19,6 +19,7 @@ import (
 // (DrainMember on the leader) answers /readyz 503 with the reason, and
 // stays so past --up-after.
 func TestClusterDrainNotReady(t *testing.T) {
+	t.Parallel() // mostly waiting: runs beside the other waiting tests (Makefile: -parallel 4)
 	for _, drainLeader := range []bool{false, true} {
 		drainTrial(t, drainLeader)
 	}

@@ -326,6 +326,7 @@ func outageReturn(t *testing.T, c *procCluster, outage time.Duration) time.Durat
 // after up to 10.24 s; the Raft stream layer's Dial now waits for the node
 // instead of failing fast, and gRPC peer connections back off 1 s at most.
 func TestOutageReturn(t *testing.T) {
+	t.Parallel() // mostly waiting: runs beside the other waiting tests (Makefile: -parallel 4)
 	c := newProcCluster(t, 3)
 	took := outageReturn(t, c, 20*time.Second)
 	t.Logf("FIGURE back in the view %v after a start that ended a 20 s outage (--up-after 3s)", took.Round(time.Millisecond))

@@ -19,6 +19,7 @@ import (
 // a healed node with broken connections to a healthy owner must not have
 // a third node decide that owner's keys from a fresh bucket.
 func TestIssue20Item17_HealthyKeysNeverMoveAfterHeal(t *testing.T) {
+	t.Parallel() // mostly waiting: runs beside the other waiting tests (Makefile: -parallel 4)
 	c := newNSCluster(t, 3)
 	hourly := &pb.Rule{Name: "hourly", Algorithm: pb.Algorithm_TOKEN_BUCKET, Limit: 1, Period: durationpb.New(time.Hour)}
 	if _, err := call(func(ctx context.Context) (*pb.PutRuleResponse, error) {

@@ -353,6 +353,7 @@ func mapsEqual(a, b map[string]uint64) bool {
 // TestIssue20Item15_20_Partition20s cuts a follower off for 20 s (issue
 // 20, items 15 and 20).
 func TestIssue20Item15_20_Partition20s(t *testing.T) {
+	t.Parallel() // mostly waiting: runs beside the other waiting tests (Makefile: -parallel 4)
 	r := runPartition(t, 20*time.Second)
 	logPartitionFigure(t, 20*time.Second, r)
 }

@@ -36,8 +36,9 @@ func loaded(b *testing.B, n int) (*node, *rule.Compiled, []string) {
 }
 
 // BenchmarkReplicateEncodeApply is one replication of 1M changed durable
-// buckets without the network: the sender takes the dirty set, exports
-// each bucket and encodes batches of BatchBuckets; the receiver decodes
+// buckets without the network: the sender takes the dirty set (the
+// buckets its decisions marked), exports each bucket and encodes batches
+// of BatchBuckets; the receiver decodes
 // them and stores the copies. ns/key is the CPU per changed key (both
 // sides), B/key the bytes on the wire.
 func BenchmarkReplicateEncodeApply(b *testing.B) {
@@ -48,19 +49,24 @@ func BenchmarkReplicateEncodeApply(b *testing.B) {
 	var wire, cpu int64
 	for range b.N {
 		b.StopTimer()
-		for _, k := range keys {
-			a.r.Touch(c, k, 1)
+		for _, k := range keys { // a decision marks each bucket
+			if _, err := a.m.Acquire(c, k, bucket.Request{}, a.now); err != nil {
+				b.Fatal(err)
+			}
 		}
 		b.StartTimer()
 		start := cpuNanos()
 		tk := a.r.Tracker.Take()
+		if len(tk.Marked) != benchKeys {
+			b.Fatalf("%d buckets marked, want %d", len(tk.Marked), benchKeys)
+		}
 		buf := a.r.sendBufs.Get().(*sendBuf)
-		for refs := tk.Refs; len(refs) > 0; {
-			states, used, err := a.r.exportBatch(buf, refs, a.now)
-			if err != nil || len(states) != used {
-				b.Fatal(len(states), used, err)
+		for o := (outgoing{marked: tk.Marked}); o.len() > 0; {
+			before := o.len()
+			states, err := a.r.exportBatch(buf, &o, a.now)
+			if err != nil || len(states) != before-o.len() {
+				b.Fatal(len(states), before-o.len(), err)
 			}
-			refs = refs[used:]
 			buf.batch = peerv1.ReplicaBatch{From: "a", SenderNowNs: a.now, Buckets: states}
 			out, err := proto.Marshal(&buf.batch)
 			if err != nil {

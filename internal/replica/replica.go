@@ -81,17 +81,28 @@ func New(l Local) *Replicator {
 	if l.Buckets != nil {
 		limit, budget = l.Buckets.MaxBytes()/100*CopyShare, l.Buckets
 	}
-	r := &Replicator{l: l, Tracker: NewTracker(), Store: NewStore(limit, budget)}
+	r := &Replicator{l: l, Tracker: newTracker(l.Buckets), Store: NewStore(limit, budget)}
 	r.sendBufs.New = func() any { return new(sendBuf) }
 	r.copyBufs.New = func() any { b := make([]Copy, 0, BatchBuckets); return &b }
 	return r
 }
 
-// Touch records a decision on key's bucket of c that admitted permits;
-// a no-op unless c is durable.
+// Touch records a change of key's bucket of c that admitted permits; a
+// no-op unless c is durable. permits > 0 only right after an Acquire (or
+// AcquireInline, AcquireLease) of the bucket map: that decision marked
+// the bucket dirty in the map already, so Touch only adds the permits to
+// the lag (an atomic add). A change that admitted nothing (a refill, a
+// commit, a renewal, a denial) marks the bucket in the map by its key (a
+// lookup); a key without a bucket has nothing to send.
 func (r *Replicator) Touch(c *rule.Compiled, key string, permits int64) {
-	if c != nil && c.Rule.Durable {
+	switch {
+	case c == nil || !c.Rule.Durable:
+	case r.Tracker.src == nil:
 		r.Tracker.Touch(c.Rule.Name, key, permits)
+	case permits > 0:
+		r.Tracker.addLag(c.Rule.Name, permits)
+	default:
+		r.Tracker.src.MarkKey(c.Rule.Name, key)
 	}
 }
 
@@ -115,7 +126,7 @@ func (r *Replicator) Install(c *rule.Compiled, key string) error {
 	}
 	if ok {
 		r.Installed.Add(1)
-		r.Tracker.Touch(c.Rule.Name, key, 0) // on to this node's own next owner
+		r.l.Buckets.MarkKey(c.Rule.Name, key) // on to this node's own next owner
 	}
 	return nil
 }
@@ -183,54 +194,73 @@ func (r *Replicator) successor(v *cluster.View, key string) (cluster.Member, boo
 // dial opens (or reuses) a connection to a member.
 func (r *Replicator) Tick(ctx context.Context, dial func(addr string) (grpc.ClientConnInterface, error)) error {
 	tk := r.Tracker.Take()
-	if len(tk.Refs) == 0 {
+	if len(tk.Refs) == 0 && len(tk.Marked) == 0 {
 		r.Tracker.Ack(tk)
 		return nil
 	}
 	v, now := r.l.View(), r.l.Now()
 	type group struct {
 		member cluster.Member
-		refs   []Ref
+		out    outgoing
 	}
 	groups := map[string]*group{}
-	var unsent []Ref
-	for _, ref := range tk.Refs {
-		m, ok := r.successor(v, ref.Key)
+	var unsent outgoing
+	size := (len(tk.Refs)+len(tk.Marked))/max(1, v.Len()-1) + 1
+	add := func(key string) *outgoing {
+		m, ok := r.successor(v, key)
 		if !ok {
-			unsent = append(unsent, ref) // no other member yet
-			continue
+			return &unsent // no other member yet
 		}
 		g := groups[m.ID]
 		if g == nil {
-			g = &group{member: m, refs: make([]Ref, 0, len(tk.Refs)/max(1, v.Len()-1)+1)}
+			g = &group{member: m}
+			g.out.marked = make([]shard.Dirty, 0, size)
 			groups[m.ID] = g
 		}
-		g.refs = append(g.refs, ref)
+		return &g.out
+	}
+	for _, d := range tk.Marked {
+		o := add(d.Key())
+		o.marked = append(o.marked, d)
+	}
+	for _, ref := range tk.Refs {
+		o := add(ref.Key)
+		o.refs = append(o.refs, ref)
 	}
 	issuers, err := issuersPB(r.l.Buckets.Issuers())
 	if err != nil {
-		r.Tracker.Requeue(tk, tk.Refs)
+		r.Tracker.Requeue(tk, tk.Refs, tk.Marked...)
 		return err
 	}
 	var failed error
 	for _, g := range groups {
-		n, bytes, err := r.send(ctx, dial, g.member, now, issuers, g.refs)
+		n, bytes, err := r.send(ctx, dial, g.member, now, issuers, g.out)
 		r.SentBuckets.Add(n)
 		r.SentBytes.Add(bytes)
 		if err != nil {
 			r.Failures.Add(1)
-			unsent = append(unsent, g.refs...)
+			unsent.refs = append(unsent.refs, g.out.refs...)
+			unsent.marked = append(unsent.marked, g.out.marked...)
 			failed = errors.Join(failed, fmt.Errorf("replicate to %s: %w", g.member.ID, err))
 		}
 	}
 	r.changed.Store(true)
-	if len(unsent) > 0 {
-		r.Tracker.Requeue(tk, unsent)
+	if unsent.len() > 0 {
+		r.Tracker.Requeue(tk, unsent.refs, unsent.marked...)
 	} else {
 		r.Tracker.Ack(tk)
 	}
 	return failed
 }
+
+// outgoing is the buckets of one Tick for one member: those the bucket
+// map marked, read through their mark, and those named by rule and key.
+type outgoing struct {
+	marked []shard.Dirty
+	refs   []Ref
+}
+
+func (o *outgoing) len() int { return len(o.marked) + len(o.refs) }
 
 // sendBuf is one batch being built: its messages are reused from batch
 // to batch and from Tick to Tick (a stream's Send encodes a message
@@ -241,29 +271,39 @@ type sendBuf struct {
 	batch peerv1.ReplicaBatch
 }
 
-// exportBatch fills buf with the states of refs (from the front, as many
-// as a batch holds) as of now; it returns the states and how many refs
-// it consumed. A bucket that is gone (evicted back at its initial
-// state) has nothing to keep and is skipped.
-func (r *Replicator) exportBatch(buf *sendBuf, refs []Ref, now int64) ([]*peerv1.BucketState, int, error) {
-	n, used := 0, 0
-	for _, ref := range refs {
-		if n == BatchBuckets {
-			break
-		}
-		used++
-		s, ok, err := r.l.Buckets.ExportKey(ref.Rule, ref.Key, now)
+// exportBatch fills buf with the states of o's buckets (from the
+// front, marked first, as many as a batch holds) as of now; it returns
+// the states and consumes the buckets it read from o. A bucket that is
+// gone (evicted back at its initial state) has nothing to keep and is
+// skipped.
+func (r *Replicator) exportBatch(buf *sendBuf, o *outgoing, now int64) ([]*peerv1.BucketState, error) {
+	n := 0
+	put := func(s shard.BucketState, ok bool, err error) error {
 		if err != nil {
-			return nil, used, fmt.Errorf("replicate: %w", err)
+			return fmt.Errorf("replicate: %w", err)
 		}
-		if !ok {
-			continue
+		if ok {
+			toPB(&buf.vals[n], s)
+			buf.ptrs[n] = &buf.vals[n]
+			n++
 		}
-		toPB(&buf.vals[n], s)
-		buf.ptrs[n] = &buf.vals[n]
-		n++
+		return nil
 	}
-	return buf.ptrs[:n], used, nil
+	for n < BatchBuckets && len(o.marked) > 0 {
+		d := o.marked[0]
+		o.marked = o.marked[1:]
+		if err := put(d.Export(now)); err != nil {
+			return nil, err
+		}
+	}
+	for n < BatchBuckets && len(o.refs) > 0 {
+		ref := o.refs[0]
+		o.refs = o.refs[1:]
+		if err := put(r.l.Buckets.ExportKey(ref.Rule, ref.Key, now)); err != nil {
+			return nil, err
+		}
+	}
+	return buf.ptrs[:n], nil
 }
 
 // toPB is handoff.ToPB into a message that is reused.
@@ -278,8 +318,8 @@ func toPB(b *peerv1.BucketState, s shard.BucketState) {
 	}
 }
 
-// send exports refs' buckets and streams them to member.
-func (r *Replicator) send(ctx context.Context, dial func(string) (grpc.ClientConnInterface, error), member cluster.Member, now int64, issuers []*peerv1.Issuer, refs []Ref) (n, bytes int64, err error) {
+// send exports o's buckets and streams them to member.
+func (r *Replicator) send(ctx context.Context, dial func(string) (grpc.ClientConnInterface, error), member cluster.Member, now int64, issuers []*peerv1.Issuer, o outgoing) (n, bytes int64, err error) {
 	conn, err := dial(member.GRPCAddr)
 	if err != nil {
 		return 0, 0, err
@@ -294,9 +334,8 @@ func (r *Replicator) send(ctx context.Context, dial func(string) (grpc.ClientCon
 		r.sendBufs.Put(buf)
 	}()
 	b := &buf.batch
-	for first := true; len(refs) > 0; first = false {
-		states, used, err := r.exportBatch(buf, refs, now)
-		refs = refs[used:]
+	for first := true; o.len() > 0; first = false {
+		states, err := r.exportBatch(buf, &o, now)
 		if err != nil {
 			stream.CloseSend()
 			return n, bytes, err

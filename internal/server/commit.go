@@ -122,7 +122,7 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 	if fromNewOwner(ctx) {
 		if held, _ := n.buckets.Held(name, key); !held {
 			if owner, ok := n.data.View().Owner(key); !ok || owner.ID != n.data.ID() {
-				return zero, oldOwnerAnswer(NotHereReason, "node %s holds no state for key %q of rule %q", n.data.ID(), key, name)
+				return zero, n.notHere(name, key)
 			}
 		}
 		r, err := local()

@@ -145,10 +145,19 @@ func (n *Node) prepareHandoff(ctx context.Context) {
 }
 
 // handOver sends the buckets this node no longer owns in the current view
-// to their owners, until done or ctx ends.
-func (n *Node) handOver(ctx context.Context, why string) {
+// to their owners, until done or ctx ends. Copies of durable buckets that
+// copies selects are installed first, to go with them
+// (replica.Replicator.InstallMoved); nil selects none.
+func (n *Node) handOver(ctx context.Context, why string, copies func(ruleName, key string) bool) {
 	start := time.Now()
 	self := n.data.ID()
+	if copies != nil {
+		if k, err := n.replica.InstallMoved(copies); err != nil {
+			n.log.Warn("handoff: copies of moved durable keys not all sent to their owners", "why", why, "err", err)
+		} else if k > 0 {
+			n.log.Info("handoff: copies of moved durable keys go to their owners", "why", why, "copies", k)
+		}
+	}
 	moved := func(ruleName, key string) (cluster.Member, bool) {
 		if k, envoy := envoyOwnerKey(ruleName, key); envoy {
 			key = k // an Envoy counter's owner is its descriptor's (envoy_decide.go)
@@ -227,7 +236,7 @@ func (n *Node) observeView(cur *cluster.View) {
 			// The others may be guessing too (a restart of every
 			// node): end their waits for this node at once, and send
 			// on whatever it holds that is no longer its own.
-			n.handOverAsync("entry")
+			n.handOverAsync("entry", true, nil)
 		}
 		return
 	}
@@ -243,7 +252,7 @@ func (n *Node) observeView(cur *cluster.View) {
 	switch {
 	case n.draining.Load():
 	case in(old) && in(cur) && !old.Equal(cur):
-		n.handOverAsync("view change")
+		n.handOverAsync("view change", false, old)
 	case in(old) && in(cur):
 		// The same members at a new epoch: for a node still entering,
 		// its leaving and coming back may both lie in between.
@@ -261,8 +270,11 @@ func (n *Node) observeView(cur *cluster.View) {
 }
 
 // handOverAsync runs handOver in the background, for at most 30 s or
-// until the node stops.
-func (n *Node) handOverAsync(why string) {
+// until the node stops. On entry (first), it first waits until the node
+// is ready, so that its checkpoint is read back and its rule table
+// complete, and sends the copies of every key the view gives another
+// member; otherwise the copies of keys whose owner changed from old.
+func (n *Node) handOverAsync(why string, first bool, old *cluster.View) {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -275,8 +287,53 @@ func (n *Node) handOverAsync(why string) {
 			case <-ctx.Done():
 			}
 		}()
-		n.handOver(ctx, why)
+		self := n.data.ID()
+		var copies func(ruleName, key string) bool
+		if first {
+			for !n.data.Ready() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			n.restoreCheckpoint()
+			copies = func(ruleName, key string) bool {
+				m, ok := n.data.View().Owner(durableOwnerKey(ruleName, key))
+				return ok && m.ID != self
+			}
+		} else {
+			copies = func(ruleName, key string) bool {
+				k := durableOwnerKey(ruleName, key)
+				was, _ := old.Owner(k)
+				m, ok := n.data.View().Owner(k)
+				return ok && m.ID != self && m.ID != was.ID
+			}
+		}
+		n.handOver(ctx, why, copies)
 	}()
+}
+
+// ownCopies selects, for a drain, the copies of keys this node owned in
+// the view with it (a checkpoint read back whose keys were not decided
+// here since): they go to the keys' owners with the buckets.
+func (n *Node) ownCopies() func(ruleName, key string) bool {
+	self := n.data.ID()
+	ms := append([]cluster.Member{{ID: self}}, n.data.View().Members()...)
+	with := cluster.NewView(0, ms)
+	return func(ruleName, key string) bool {
+		m, ok := with.Owner(durableOwnerKey(ruleName, key))
+		return ok && m.ID == self
+	}
+}
+
+// durableOwnerKey is the key whose owner holds key's bucket of ruleName:
+// an Envoy counter's is its descriptor's (envoy_decide.go).
+func durableOwnerKey(ruleName, key string) string {
+	if k, envoy := envoyOwnerKey(ruleName, key); envoy {
+		return k
+	}
+	return key
 }
 
 // expectEntry expects each other member of cur that has not yet ended a
@@ -400,7 +457,7 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	if fromNewOwner(ctx) {
 		if held, _ := n.buckets.Held(name, key); !held {
 			if owner, ok := n.data.View().Owner(key); !ok || owner.ID != n.data.ID() {
-				return true, oldOwnerAnswer(NotHereReason, "node %s holds no state for key %q of rule %q", n.data.ID(), key, name)
+				return true, n.notHere(name, key)
 			}
 		}
 		return false, nil
@@ -458,6 +515,18 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	resp.Epoch = epoch
 	resp.Reason = pb.Reason_LIMIT
 	return true, nil
+}
+
+// notHere is an old owner's answer to a new owner's question on a key it
+// holds no bucket of and does not own: NotHereReason, unless it keeps a
+// copy of the key's durable bucket, which its handoff sends to the key's
+// owner (handOverAsync): then HandedOverReason, so that the new owner
+// waits for it rather than start the key fresh.
+func (n *Node) notHere(ruleName, key string) error {
+	if n.replica.Store.Has(ruleName, key) {
+		return oldOwnerAnswer(HandedOverReason, "node %s sends its copy of the bucket of key %q of rule %q to the key's owner", n.data.ID(), key, ruleName)
+	}
+	return oldOwnerAnswer(NotHereReason, "node %s holds no state for key %q of rule %q", n.data.ID(), key, ruleName)
 }
 
 // decideMoved answers an acquire on a bucket this node handed over

@@ -341,7 +341,7 @@ func (n *Node) Stop() {
 		n.prepareHandoff(ctx)
 		if err := n.control.Drain(ctx); err != nil {
 			n.log.Warn("could not leave the routing view; clients fall back until the view drops this node", "err", err)
-		} else if n.handOver(ctx, "drain"); n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
+		} else if n.handOver(ctx, "drain", n.ownCopies()); n.cfg.DrainLinger > 0 && !slices.ContainsFunc(n.data.View().Members(), func(m cluster.Member) bool { return m.ID == n.data.ID() }) {
 			// Keys moved: keep answering while clients hear of it. (The
 			// only owner keeps its keys: there is nothing to wait for.)
 			select {

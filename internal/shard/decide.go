@@ -228,6 +228,9 @@ func (m *Map) acquire(c *rule.Compiled, key string, inl *inlineReq, req bucket.R
 	}
 	e.stamp = j.stamp
 	d, err := m.decide(e, c, cfg, req, lease, now)
+	if c.Rule.Durable {
+		sh.markDirty(e) // replication takes it (dirty.go)
+	}
 	e.mu.Unlock()
 	if err != nil {
 		return Decision{}, err

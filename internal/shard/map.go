@@ -75,9 +75,10 @@ type Map struct {
 type shard struct {
 	mu     sync.Mutex // serializes insert, remove and rehash of tab
 	tab    atomic.Pointer[table]
-	used   int // slots holding an entry or a tombstone; under mu
-	live   int // slots holding an entry; under mu
-	cursor int // where on-demand eviction resumes; under mu
+	used   int       // slots holding an entry or a tombstone; under mu
+	live   int       // slots holding an entry; under mu
+	cursor int       // where on-demand eviction resumes; under mu
+	dirty  dirtyList // entries of durable rules marked dirty (dirty.go)
 	_      [64]byte
 }
 
@@ -127,6 +128,8 @@ type entry struct {
 	// (export.go); decisions on it fail with ErrMoved until it is
 	// installed back or thawed.
 	moved bool
+	// dirty: the entry is on its shard's dirty list (dirty.go).
+	dirty atomic.Bool
 	// frozen marks the HandOver that set moved (export.go: DropFrozen
 	// drops the bucket only if no other HandOver froze it since).
 	frozen uint64
