@@ -44,6 +44,8 @@ type handoffLoad struct {
 	stop   context.CancelFunc
 	began  time.Time // when the SDK load began
 	wg     sync.WaitGroup
+	// leases is the concurrency load that runs beside the counting one.
+	leases *leaseLoad
 }
 
 const (
@@ -67,13 +69,18 @@ func newHandoffLoad(t *testing.T, c *procCluster) *handoffLoad {
 		}
 		cancel()
 	}
+	l.leases = newLeaseLoad(t, l)
 	for _, id := range c.ids {
 		l.add(id, c.token(id))
 		c.waitFor("the rules on "+id, 30*time.Second, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			_, err := c.admin(id).GetRule(ctx, &pb.GetRuleRequest{Name: "lb", Local: true})
-			return err == nil
+			for _, name := range []string{"lb", leaseRule, leaseSDKRule} {
+				if _, err := c.admin(id).GetRule(ctx, &pb.GetRuleRequest{Name: name, Local: true}); err != nil {
+					return false
+				}
+			}
+			return true
 		})
 	}
 	return l
@@ -140,6 +147,7 @@ func (l *handoffLoad) start(t *testing.T, seeds []string) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	l.stop = stop
+	l.leases.start(t, ctx, seeds)
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -195,10 +203,12 @@ func (l *handoffLoad) start(t *testing.T, seeds []string) {
 }
 
 // stopAndCheck ends the load and fails the test if any (rule, key) was
-// admitted more than its limit, or the SDK fell back.
+// admitted more than its limit, or the SDK fell back; then it checks the
+// concurrency leases (leaseLoad.check).
 func (l *handoffLoad) stopAndCheck(t *testing.T, what string) {
 	l.stop()
 	l.wg.Wait()
+	l.leases.check(t, what)
 	over, worst, worstKey := 0, int64(0), ""
 	perRule := map[string][]int64{}
 	for k, n := range l.admitted {

@@ -5,6 +5,7 @@
 package handoff
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,8 @@ const (
 	// announced handoff as in flight: past it, the sender is taken as
 	// gone and its keys start fresh here (counted as unplanned).
 	DefaultWait = 3 * time.Second
+	// DefaultDropFrozenAfter is Local.DropFrozenAfter's default.
+	DefaultDropFrozenAfter = 5 * time.Second
 )
 
 // FromPB converts a wire bucket to a shard one.
@@ -66,6 +69,23 @@ type Local struct {
 	Table func() *rule.Table
 	// Now is the node's monotonic clock (the shard's).
 	Now func() int64
+	// DropFrozenAfter is how long Send keeps the frozen copy of a bucket
+	// once the key's new owner has acknowledged its state, before it
+	// drops it (shard.Map.DropFrozen): meanwhile a call that a peer whose
+	// view lags still sends here finds the frozen bucket and goes on to
+	// the new owner instead of starting a fresh bucket here. 0 means
+	// DefaultDropFrozenAfter; below 0, the copy is dropped at once.
+	DropFrozenAfter time.Duration
+}
+
+// dropFrozen drops refs from l's buckets after l.DropFrozenAfter.
+func (l Local) dropFrozen(refs []shard.FrozenRef) {
+	after := cmp.Or(l.DropFrozenAfter, DefaultDropFrozenAfter)
+	if after < 0 {
+		l.Buckets.DropFrozen(refs)
+		return
+	}
+	time.AfterFunc(after, func() { l.Buckets.DropFrozen(refs) })
 }
 
 // Send streams every bucket for which moved reports a new owner to that
@@ -76,19 +96,22 @@ type Local struct {
 // to a member. A failed owner's buckets are sent again, to the owner
 // moved reports then (the view may have moved the key on; a key moved
 // back here is thawed), every retry until ctx ends; import is
-// idempotent, so a stream cut in the middle is simply sent again. It
-// returns the buckets and bytes sent.
+// idempotent, so a stream cut in the middle is simply sent again. Once
+// an owner has acknowledged its buckets, their frozen copies here are
+// dropped (Local.DropFrozenAfter). It returns the buckets and bytes sent.
 //
 // Every member of also that gets no bucket is sent an empty last batch,
 // so that it stops waiting for this node's keys at once.
 func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluster.Member, bool), dial func(addr string) (grpc.ClientConnInterface, error), retry time.Duration, also ...cluster.Member) (buckets, bytes int64, err error) {
 	now := l.Now()
 	var states []*peerv1.BucketState
+	var refs []shard.FrozenRef // of states, one for one
 	err = l.Buckets.HandOver(now, func(ruleName, key string) bool {
 		m, ok := moved(ruleName, key)
 		return ok && m.ID != l.ID
 	}, func(s shard.BucketState) error {
 		states = append(states, ToPB(s))
+		refs = append(refs, s.Ref())
 		return nil
 	})
 	if err != nil {
@@ -101,7 +124,7 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 				groups[m.ID] = &group{member: m}
 			}
 		}
-		for _, s := range states {
+		for i, s := range states {
 			m, ok := moved(s.GetRule(), s.GetKey())
 			if !ok || m.ID == l.ID {
 				// The key came back here before a new owner had it: it
@@ -115,9 +138,10 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 				groups[m.ID] = g
 			}
 			g.states = append(g.states, s)
+			g.refs = append(g.refs, refs[i])
 		}
 		var failed error
-		states, also = states[:0:0], nil
+		states, refs, also = states[:0:0], refs[:0:0], nil
 		for _, g := range groups {
 			n, b, err := sendGroup(ctx, l, g, now, dial)
 			buckets += n
@@ -127,7 +151,12 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 				// the view gives each key then. (A member that had
 				// nothing to get is not retried: its wait runs out.)
 				states = append(states, g.states...)
+				refs = append(refs, g.refs...)
 				failed = errors.Join(failed, fmt.Errorf("handoff to %s: %w", g.member.ID, err))
+			} else if err == nil && len(g.refs) > 0 {
+				// The new owner holds the state: the frozen copies here
+				// would only linger.
+				l.dropFrozen(g.refs)
 			}
 		}
 		if failed == nil {
@@ -144,6 +173,7 @@ func Send(ctx context.Context, l Local, moved func(ruleName, key string) (cluste
 type group struct {
 	member cluster.Member
 	states []*peerv1.BucketState
+	refs   []shard.FrozenRef // of states, one for one
 }
 
 // sendGroup streams g to its member.

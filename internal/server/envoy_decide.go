@@ -88,6 +88,11 @@ func newEnvoyDecider(n *Node) *envoyDecider {
 		d.fixed[u] = rule.Compile(&rule.Rule{Name: "envoy/fixed-window/" + u.String(), Algorithm: bucket.FixedWindow,
 			Limit: bucket.MaxLimit, Period: envoyrls.Period(u), Version: envoyVersion, Generation: 1})
 	}
+	if n != nil { // (a decider without a node only parses names)
+		// Counters handed over to this node are installed under these
+		// rules.
+		n.buckets.SetLocalRules(d.byName)
+	}
 	return d
 }
 
@@ -407,20 +412,58 @@ func (d *envoyDecider) ruleName(unit envoyrls.Unit, alg bucket.Algorithm, rpu ui
 // algorithm. ok is false for any other rule. The handoff moves an Envoy
 // counter to the node that decides it, which routes by that key.
 func envoyOwnerKey(ruleName, key string) (string, bool) {
-	rest, ok := strings.CutPrefix(ruleName, "envoy/")
+	alg, unit, _, ok := parseEnvoyRuleName(ruleName)
 	if !ok {
 		return "", false
 	}
+	return envoyrls.HashKeyOf(key, unit, alg)
+}
+
+// parseEnvoyRuleName splits the name of an Envoy counter's rule (as
+// ruleName makes it) into its algorithm, its unit and, for the algorithm
+// extension, its requests per unit and burst, still as text (nil for a
+// fixed window). ok is false for any other name.
+func parseEnvoyRuleName(name string) (alg bucket.Algorithm, unit envoyrls.Unit, limit []string, ok bool) {
+	rest, ok := strings.CutPrefix(name, "envoy/")
+	if !ok {
+		return 0, 0, nil, false
+	}
 	parts := strings.Split(rest, "/")
 	if len(parts) != 2 && len(parts) != 4 {
-		return "", false
+		return 0, 0, nil, false
 	}
 	alg, err := bucket.ParseAlgorithm(parts[0])
-	unit, known := rlpb.RateLimitResponse_RateLimit_Unit_value[parts[1]]
+	u, known := rlpb.RateLimitResponse_RateLimit_Unit_value[parts[1]]
 	if err != nil || !known || (len(parts) == 2) != (alg == bucket.FixedWindow) {
-		return "", false
+		return 0, 0, nil, false
 	}
-	return envoyrls.HashKeyOf(key, envoyrls.Unit(unit), alg)
+	return alg, envoyrls.Unit(u), parts[2:], true
+}
+
+// byName is the compiled rule of the Envoy counters' rule named name, as
+// the decisions here use it, or nil when name is not one (or names a
+// limit no configuration could give): the node's shard.LocalRules, so
+// that Envoy counters handed over by their old owner (internal/handoff)
+// are installed here, their rules being in no rule table.
+func (d *envoyDecider) byName(name string) *rule.Compiled {
+	alg, unit, limit, ok := parseEnvoyRuleName(name)
+	if !ok || !envoyrls.ValidUnit(unit) || int(unit) >= len(d.fixed) {
+		return nil
+	}
+	if alg == bucket.FixedWindow {
+		return d.fixed[unit]
+	}
+	rpu, err1 := strconv.ParseUint(limit[0], 10, 32)
+	burst, err2 := strconv.ParseInt(limit[1], 10, 64)
+	if err1 != nil || err2 != nil || d.ruleName(unit, alg, uint32(rpu), burst) != name {
+		return nil // not in the form ruleName gives: no counter of ours
+	}
+	r := &rule.Rule{Name: name, Algorithm: alg, Limit: int64(rpu), Period: envoyrls.Period(unit), Burst: burst, Version: envoyVersion, Generation: 1}
+	r.Normalize()
+	if r.Validate() != nil {
+		return nil
+	}
+	return d.compiled(unit, alg, uint32(rpu), burst)
 }
 
 // compiled returns the rule of an algorithm-extension limit.

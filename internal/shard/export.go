@@ -37,6 +37,10 @@ type BucketState struct {
 	// configuration for the key (and all a sender older than this field
 	// sends).
 	Inline *rule.InlineLimit
+	// Frozen marks the HandOver that exported the bucket (0 for Export
+	// and ExportKey): DropFrozen takes it back once the new owner holds
+	// the state. It stays on this node (it is not part of the state).
+	Frozen uint64
 }
 
 // RefilledGrant is one grant already given back, forgotten after
@@ -184,6 +188,10 @@ func (m *Map) Thaw(ruleName, key string) bool {
 }
 
 func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bool, fn func(BucketState) error) error {
+	var mark uint64
+	if freeze {
+		mark = m.freezes.Add(1)
+	}
 	for i := range m.shards {
 		tab := m.shards[i].tab.Load()
 		for j := range tab.slots {
@@ -204,7 +212,7 @@ func (m *Map) export(now int64, moved func(ruleName, key string) bool, freeze bo
 			}
 			s, err := e.export(key, now)
 			if err == nil && freeze {
-				e.moved = true
+				e.moved, e.frozen, s.Frozen = true, mark, mark
 			}
 			e.mu.Unlock()
 			if err != nil {
@@ -243,17 +251,25 @@ func (e *entry) export(key string, now int64) (BucketState, error) {
 }
 
 // Import installs s, exported by another node, as of now, under the rule
-// of t it belongs to; false (and nothing changed) when t has no such rule
-// generation any more. A state that carries a request's limit (Inline) is
+// of t it belongs to, or, for a rule t does not hold, the one the Map's
+// LocalRules compile (SetLocalRules); false (and nothing changed) when
+// neither has such a rule generation any more. A state that carries a request's limit (Inline) is
 // judged by it, as on the exporter, unless an override of the key applies
 // here (the override wins, as for an acquire). Where this Map already
 // holds the key (a call that landed here before the state did, or a
 // bucket left from an earlier ownership), the bucket with fewer permits
 // left is kept, with the configuration that judges it, so that an import
 // never hands out more than either side would: grant numbering, penalty
-// and the record of settled (refilled or committed) grants are merged.
+// and the record of settled (refilled or committed) grants are merged,
+// and when s's state is kept, its grants (leases included) are honoured
+// here however the two buckets numbered theirs. Concurrency buckets are
+// merged instead, lease by lease (leasemerge.go): every lease granted on
+// either side is in flight and is released here.
 func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	c := t.Get(s.Rule)
+	if c == nil {
+		c = m.localRule(s.Rule) // a rule the node makes itself (SetLocalRules)
+	}
 	if c == nil || c.Rule.Generation != s.Generation {
 		return false, nil
 	}
@@ -292,7 +308,28 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 	}
 	before := e.bytes()
 	peek := bucket.Request{}
-	if e.moved || b.Acquire(src, now, peek).Remaining <= e.b.Acquire(e.config(s.Key), now, peek).Remaining {
+	here := e.config(s.Key)
+	keep := e.moved || b.Acquire(src, now, peek).Remaining <= e.b.Acquire(here, now, peek).Remaining
+	if !e.moved && src.Algorithm == bucket.Concurrency && here.Algorithm == bucket.Concurrency {
+		// Leases granted on either side are all in flight (leasemerge.go).
+		to := here
+		if keep {
+			to = src
+		}
+		u, err := unionLeases(to, src, b, here, e.b, now)
+		if err != nil {
+			return false, fmt.Errorf("import rule %q: %w", s.Rule, err)
+		}
+		if keep {
+			b = u
+		} else {
+			e.b = u
+			if s.First != 0 { // the state's leases are released here too
+				e.first = min(e.first, s.First)
+			}
+		}
+	}
+	if keep {
 		// A bucket this Map handed over is stale: the state that comes
 		// back is the key's.
 		e.b = b
@@ -305,6 +342,12 @@ func (m *Map) Import(t *rule.Table, s BucketState, now int64) (bool, error) {
 			e.cfg = src
 		}
 		e.stamp = nil // the next acquire looks its configuration up
+		if s.First != 0 {
+			// The grants of the state kept are honoured here: the
+			// bucket's own numbering may have begun after theirs (the
+			// exporter's clock is behind, a node restarted since).
+			e.first = min(e.first, s.First)
+		}
 	}
 	e.moved = false
 	e.seq = max(e.seq, s.Seq)

@@ -67,7 +67,9 @@ type Map struct {
 	scanShard  atomic.Uint64 // where a search for a rule's full buckets starts (evictOwnFull)
 	// dropped is the highest grant nonce of a dropped bucket.
 	dropped  atomic.Uint64
-	imported issuers // other nodes' grant keys (export.go)
+	imported issuers                    // other nodes' grant keys (export.go)
+	local    atomic.Pointer[LocalRules] // rules outside the rule table (localrules.go)
+	freezes  atomic.Uint64              // HandOver calls, which mark what they freeze (export.go)
 }
 
 type shard struct {
@@ -96,7 +98,9 @@ type entry struct {
 	key string
 	// first is the bucket's first grant nonce: above every nonce of the
 	// buckets dropped before it was made, so that a grant of an earlier
-	// bucket of the key gives nothing back here. Immutable.
+	// bucket of the key gives nothing back here. Set when the entry is
+	// made; only Import lowers it, to the first nonce of a state it
+	// installs (export.go).
 	first uint64
 	b     bucket.Bucket
 	// rule is the compiled rule version the bucket was last judged by; it
@@ -126,6 +130,9 @@ type entry struct {
 	moved bool
 	// dirty: the entry is on its shard's dirty list (dirty.go).
 	dirty atomic.Bool
+	// frozen marks the HandOver that set moved (export.go: DropFrozen
+	// drops the bucket only if no other HandOver froze it since).
+	frozen uint64
 }
 
 // New returns an empty Map.
