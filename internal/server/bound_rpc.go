@@ -25,6 +25,12 @@ func (s *adminService) RuleBound(ctx context.Context, req *pb.RuleBoundRequest) 
 	}
 	c := n.data.Table().Get(req.GetRule())
 	if c == nil {
+		// A rule whose PutRule returned is known here too (readindex.go):
+		// a node whose table lags waits for it rather than answer
+		// NotFound (the console asks right after a write).
+		c = n.confirmRule(ctx, req.GetRule())
+	}
+	if c == nil {
 		if !n.data.Ready() {
 			return nil, toError(failf(ErrNotReady, "rule %q is not in this node's table yet; retry", req.GetRule()))
 		}
