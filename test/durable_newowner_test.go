@@ -5,13 +5,9 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -49,17 +45,7 @@ func TestDurableFullRestartNewOwner(t *testing.T) {
 			t.Fatalf("%s: first %d permits denied: %v", k, used, resp)
 		}
 	}
-	want := float64(2 * nkeys)
-	c.waitFor("every bucket checkpointed by its owner and its next owner", 20*time.Second, func() bool {
-		var sum float64
-		for _, id := range c.ids {
-			if _, err := os.Stat(filepath.Join(c.argOf(id, "--data-dir"), "durable-buckets.ckpt")); err != nil {
-				return false
-			}
-			sum += c.metricSum(id, "tokenserver_checkpoint_buckets")
-		}
-		return sum == want
-	})
+	c.waitCheckpointed(2 * nkeys)
 	for _, id := range c.ids {
 		c.kill(id)
 	}
@@ -69,17 +55,7 @@ func TestDurableFullRestartNewOwner(t *testing.T) {
 	c.waitFor("a view of the 3 nodes after the restart", 60*time.Second, func() bool { return c.liveCount() == 3 })
 	// A new member joins; nothing was decided since the restart.
 	id := "n3"
-	c.grpc[id] = freePort(t)
-	c.args[id] = append([]string{"--node-id", id, "--grpc-addr", c.grpc[id], "--http-addr", freePort(t), "--raft-addr", freePort(t),
-		"--data-dir", filepath.Join(t.TempDir(), id), "--join", c.grpc["n0"], "--stabilization-time", "1s"}, fastRaft...)
-	c.start(id)
-	conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c.ids = append(c.ids, id)
-	c.conns[id] = conn
+	c.join(id, t.TempDir())
 	c.waitFor("a view of 4", 60*time.Second, func() bool { return c.liveCount() == 4 })
 	after := c.fullView(id)
 	var moved, resumed int

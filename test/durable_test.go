@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
@@ -161,6 +163,39 @@ func TestDurableKillOwner(t *testing.T) {
 	}
 }
 
+// waitCheckpointed waits until every node has written a checkpoint and
+// the checkpoints hold want buckets in all.
+func (c *procCluster) waitCheckpointed(want int) {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("%d buckets checkpointed", want), 20*time.Second, func() bool {
+		var sum float64
+		for _, id := range c.ids {
+			if _, err := os.Stat(filepath.Join(c.argOf(id, "--data-dir"), "durable-buckets.ckpt")); err != nil {
+				return false
+			}
+			sum += c.metricSum(id, "tokenserver_checkpoint_buckets")
+		}
+		return sum == float64(want)
+	})
+}
+
+// join starts a new node id that joins the cluster through n0, with its
+// data in dir, and connects to it.
+func (c *procCluster) join(id, dir string) {
+	c.t.Helper()
+	c.grpc[id] = freePort(c.t)
+	c.args[id] = append([]string{"--node-id", id, "--grpc-addr", c.grpc[id], "--http-addr", freePort(c.t), "--raft-addr", freePort(c.t),
+		"--data-dir", filepath.Join(dir, id), "--join", c.grpc["n0"], "--stabilization-time", "1s"}, fastRaft...)
+	c.start(id)
+	conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	c.ids = append(c.ids, id)
+	c.conns[id] = conn
+}
+
 // isHold reports whether resp is a new owner's answer while a key's state
 // is on its way to it: a deny with the handoff's 20 ms retry_after.
 func isHold(resp *pb.AcquireTokenResponse) bool {
@@ -207,17 +242,7 @@ func TestDurableFullRestart(t *testing.T) {
 	// Wait until the checkpoints hold every bucket twice: on its owner
 	// and, as a copy, on its next owner (each bucket changed once, so a
 	// checkpoint that holds it holds its last state).
-	want := float64(2 * nkeys * len(rules))
-	c.waitFor("every bucket checkpointed by its owner and its next owner", 20*time.Second, func() bool {
-		var sum float64
-		for _, id := range c.ids {
-			if _, err := os.Stat(filepath.Join(c.argOf(id, "--data-dir"), "durable-buckets.ckpt")); err != nil {
-				return false
-			}
-			sum += c.metricSum(id, "tokenserver_checkpoint_buckets")
-		}
-		return sum == want
-	})
+	c.waitCheckpointed(2 * nkeys * len(rules))
 	for _, id := range c.ids {
 		c.kill(id)
 	}

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -13,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenserver/tokenserver/client"
@@ -266,18 +263,8 @@ func TestHandoffScaleUpAndDown(t *testing.T) {
 	dir := t.TempDir()
 	added := []string{"n3", "n4"}
 	for _, id := range added {
-		c.grpc[id] = freePort(t)
-		c.args[id] = append([]string{"--node-id", id, "--grpc-addr", c.grpc[id], "--http-addr", freePort(t), "--raft-addr", freePort(t),
-			"--data-dir", filepath.Join(dir, id), "--join", c.grpc["n0"], "--stabilization-time", "1s"}, fastRaft...)
-		c.start(id)
-		conn, err := grpc.NewClient(c.grpc[id], grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		c.ids = append(c.ids, id)
-		c.conns[id] = conn
-		l.add(id, pb.NewTokenServiceClient(conn))
+		c.join(id, dir)
+		l.add(id, pb.NewTokenServiceClient(c.conns[id]))
 		want := len(c.ids)
 		c.waitFor(fmt.Sprintf("a view of %d", want), 60*time.Second, func() bool { return c.liveCount() == want })
 		t.Logf("%s joined", id)
