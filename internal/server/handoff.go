@@ -159,10 +159,7 @@ func (n *Node) handOver(ctx context.Context, why string, copies func(ruleName, k
 		}
 	}
 	moved := func(ruleName, key string) (cluster.Member, bool) {
-		if k, envoy := envoyOwnerKey(ruleName, key); envoy {
-			key = k // an Envoy counter's owner is its descriptor's (envoy_decide.go)
-		}
-		m, ok := n.data.View().Owner(key)
+		m, ok := n.data.View().Owner(ownerKey(ruleName, key))
 		return m, ok && m.ID != self
 	}
 	buckets, bytes, err := handoff.Send(ctx, n.handoffLocal(), moved, n.dialPeer, handoffRetry, n.data.View().Members()...)
@@ -299,12 +296,12 @@ func (n *Node) handOverAsync(why string, first bool, old *cluster.View) {
 			}
 			n.restoreCheckpoint()
 			copies = func(ruleName, key string) bool {
-				m, ok := n.data.View().Owner(durableOwnerKey(ruleName, key))
+				m, ok := n.data.View().Owner(ownerKey(ruleName, key))
 				return ok && m.ID != self
 			}
 		} else {
 			copies = func(ruleName, key string) bool {
-				k := durableOwnerKey(ruleName, key)
+				k := ownerKey(ruleName, key)
 				was, _ := old.Owner(k)
 				m, ok := n.data.View().Owner(k)
 				return ok && m.ID != self && m.ID != was.ID
@@ -322,14 +319,14 @@ func (n *Node) ownCopies() func(ruleName, key string) bool {
 	ms := append([]cluster.Member{{ID: self}}, n.data.View().Members()...)
 	with := cluster.NewView(0, ms)
 	return func(ruleName, key string) bool {
-		m, ok := with.Owner(durableOwnerKey(ruleName, key))
+		m, ok := with.Owner(ownerKey(ruleName, key))
 		return ok && m.ID == self
 	}
 }
 
-// durableOwnerKey is the key whose owner holds key's bucket of ruleName:
-// an Envoy counter's is its descriptor's (envoy_decide.go).
-func durableOwnerKey(ruleName, key string) string {
+// ownerKey is the key whose owner holds key's bucket of ruleName: the key
+// itself, but an Envoy counter's is its descriptor's (envoy_decide.go).
+func ownerKey(ruleName, key string) string {
 	if k, envoy := envoyOwnerKey(ruleName, key); envoy {
 		return k
 	}
@@ -429,8 +426,11 @@ func (n *Node) stateElsewhere(ctx context.Context, ruleName, key string) (cluste
 	if old, ok := n.handoff.InFlight(ruleName, key); ok {
 		return old, true
 	}
+	if _, in := v.Member(n.data.ID()); in || !forwarded(ctx) {
+		return cluster.Member{}, false // the usual case: no owner to hash
+	}
 	owner, has := v.Owner(key)
-	if _, in := v.Member(n.data.ID()); in || !has || !forwarded(ctx) {
+	if !has {
 		return cluster.Member{}, false
 	}
 	if held, _ := n.buckets.Held(ruleName, key); held {
