@@ -113,7 +113,7 @@ func (n *node) dispatch() {
 // drain fails the calls of a batch that will not be sent, and those still
 // queued.
 func (n *node) drain(batch []*call) {
-	err := status.Error(codes.Unavailable, "node left the view or client closed")
+	err := status.Error(codes.Unavailable, errLeftMsg)
 	for _, cl := range batch {
 		cl.answer(nil, err)
 	}

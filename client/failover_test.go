@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -484,5 +485,61 @@ func TestHeartbeatViewAllocatesNothing(t *testing.T) {
 		}); allocs != 0 {
 			t.Fatalf("authoritative %v: %v allocations per identical view, want 0", auth, allocs)
 		}
+	}
+}
+
+// grantNode is a fake member that grants every acquire and counts them.
+type grantNode struct {
+	muteNode
+	calls atomic.Int64
+}
+
+func (g *grantNode) AcquireToken(context.Context, *pb.AcquireTokenRequest) (*pb.AcquireTokenResponse, error) {
+	g.calls.Add(1)
+	return &pb.AcquireTokenResponse{Allowed: true, Granted: 1, Remaining: 9}, nil
+}
+
+func (g *grantNode) AcquireTokens(_ context.Context, req *pb.AcquireTokensRequest) (*pb.AcquireTokensResponse, error) {
+	resp := &pb.AcquireTokensResponse{}
+	for range req.GetRequests() {
+		g.calls.Add(1)
+		resp.Results = append(resp.Results, &pb.AcquireTokensResult{Response: &pb.AcquireTokenResponse{Allowed: true, Granted: 1, Remaining: 9}})
+	}
+	return resp, nil
+}
+
+// Regression: in the handoff scale-down test, a call that the SDK had
+// queued for a member just as that member left the client's view was
+// failed by the SDK itself ("node left the view or client closed") and
+// went to the fallback policy (DENY: the caller saw ErrUnavailable),
+// although it was never sent. Such a call now goes to the key's next
+// owner, as any call that provably never reached a server.
+func TestCallQueuedForDepartingMemberGoesToNextOwner(t *testing.T) {
+	a, b := &grantNode{}, &grantNode{}
+	a.heartbeat, b.heartbeat = true, true
+	aAddr, bAddr := serveFake(t, a), serveFake(t, b)
+	members := []*pb.Member{{Id: "a", GrpcAddr: aAddr}, {Id: "b", GrpcAddr: bAddr}}
+	view := &pb.ClusterView{Members: members, Epoch: 5, Ready: true, Rules: []*pb.ClientRule{clientRule("r", 1, pb.FallbackPolicy_DENY)}}
+	a.view, b.view = view, view
+	c, _ := newClient(t, []string{aAddr})
+	waitFor(t, 10*time.Second, "the two-member view", func() bool {
+		st := c.state.Load()
+		return st.view.Len() == 2 && st.rules["r"] != nil
+	})
+	st := c.state.Load()
+	key := ""
+	for i := 0; key == ""; i++ {
+		if m, _ := st.view.Owner(fmt.Sprintf("k%d", i)); m.ID == "a" {
+			key = fmt.Sprintf("k%d", i)
+		}
+	}
+	// a leaves: its dispatcher stops while this call's view still names it.
+	st.byID["a"].stopDispatch()
+	d, err := c.Limiter("r").AllowN(context.Background(), key, 1)
+	if err != nil || !d.Allowed || d.Source != SourceServer {
+		t.Fatalf("call for a key of the departing member: %+v, %v; want a server's decision", d, err)
+	}
+	if a.calls.Load() != 0 || b.calls.Load() != 1 {
+		t.Fatalf("acquires answered: a %d, b %d; want the call sent once, to b", a.calls.Load(), b.calls.Load())
 	}
 }

@@ -214,7 +214,7 @@ func (l *Limiter) ask(ctx context.Context, st *viewState, key string, req *pb.Ac
 			return nil, status.Error(codes.Unavailable, "no cluster view yet")
 		}
 		resp, err := n.acquire(cctx, req, avoid)
-		if err == nil || isAuthError(err) || !(isNotReady(err) || notSent(err)) {
+		if err == nil || isAuthError(err) || !(isNotReady(err) || notSent(err)) || l.c.isClosed() {
 			return resp, err
 		}
 		if !slices.Contains(skip, n) {

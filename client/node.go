@@ -99,7 +99,7 @@ func (n *node) acquire(ctx context.Context, req *pb.AcquireTokenRequest, avoid s
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	case <-n.stop:
-		return nil, status.Error(codes.Unavailable, "node left the view or client closed")
+		return nil, status.Error(codes.Unavailable, errLeftMsg)
 	}
 	select {
 	case <-cl.done:

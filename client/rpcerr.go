@@ -28,6 +28,9 @@ import (
 //     returned the error of flushing its first frames unwrapped (see
 //     resetBeforePreface).
 //
+//   - errLeftMsg: the SDK's own answer to a call it queued for a node that
+//     left its view (or to a client closing) before the call was sent.
+//
 // A call that was written to a connection that later broke ("error reading
 // from server: ... connection reset by peer"), or that timed out
 // (DeadlineExceeded), is never taken as not sent: it may have spent tokens.
@@ -40,7 +43,8 @@ func notSent(err error) bool {
 		return false
 	}
 	msg := st.Message()
-	return strings.Contains(msg, "Error while dialing") ||
+	return msg == errLeftMsg ||
+		strings.Contains(msg, "Error while dialing") ||
 		strings.Contains(msg, "connection refused") ||
 		strings.Contains(msg, "produced zero addresses") ||
 		// The connection closed before the server's preface: it never
@@ -50,6 +54,11 @@ func notSent(err error) bool {
 		strings.Contains(msg, "failed to write client preface") ||
 		resetBeforePreface(msg)
 }
+
+// errLeftMsg is the message of the Unavailable the SDK answers a call with
+// that it queued for a node and never sent, because the node left the
+// client's view or the client closed (node.acquire, node.drain).
+const errLeftMsg = "node left the view or client closed: the call was not sent"
 
 // resetBeforePreface reports whether msg is the bare socket error that
 // grpc-go's transport returns, unwrapped, when flushing its first frames
