@@ -26,7 +26,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m,
+		// toxiproxy (TestBlackholedServer's TCP proxy, a library) can leave
+		// a link's pipe goroutine blocked on its send after Proxy.Stop: a
+		// leak of the library, not of the SDK (seen once in 4 runs).
+		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"))
 }
 
 // testServer is one tokenserver node (a standalone cluster over a
