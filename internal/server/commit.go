@@ -133,7 +133,7 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 	}
 	// As for an acquire (handoffDecide, stateElsewhere): a settlement
 	// made on no bucket while the key's state is on its way is lost.
-	if old, ok := n.stateElsewhere(ctx, name, key); ok {
+	if old, ok, outside := n.stateElsewhere(name, key); ok {
 		start := time.Now()
 		left := handoff.DefaultWait
 		if dl, ok := ctx.Deadline(); ok {
@@ -150,7 +150,7 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 		case reason == "" && !unreachable(err) && !timedOut:
 			return zero, err // the old owner's answer (an unknown grant, a bad request)
 		default: // handed over, or the old owner did not answer: wait
-			if !n.handoff.WaitKey(ctx, name, key, start.Add(2*left/3), reason == HandedOverReason) {
+			if !n.handoff.WaitKey(ctx, name, key, start.Add(2*left/3), reason == HandedOverReason || outside) {
 				return zero, failf(ErrUnavailable, "the state of key %q of rule %q is still on its way from %s; retry (a settlement is idempotent by grant id)", key, name, old.ID)
 			}
 		}

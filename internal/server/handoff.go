@@ -417,26 +417,32 @@ func oldOwnerReason(err error) string {
 // while it is not decided here yet: the old owner while its handoff is
 // in flight (Receiver.InFlight), or, on a node outside its own view
 // (draining, or entering before it has heard that it is back) that a
-// forwarded call reaches, the owner in its view, when it holds no bucket
-// of the key. It first observes the current view, so that a key is never
-// decided or settled on a view whose moves are not yet expected.
-func (n *Node) stateElsewhere(ctx context.Context, ruleName, key string) (cluster.Member, bool) {
+// call reaches, the owner in its view, when it holds no bucket of the
+// key; outside says which. It first observes the current view, so that a
+// key is never decided or settled on a view whose moves are not yet
+// expected.
+//
+// A node outside its own view expects no handoff (it does not know yet
+// that keys come to it), so when the owner in its view cannot answer, the
+// caller waits for the key's state as if that owner had said it handed
+// the bucket over (WaitKey's handedOver): it never starts the key fresh.
+func (n *Node) stateElsewhere(ruleName, key string) (m cluster.Member, ok, outside bool) {
 	v := n.data.View()
 	n.observeView(v)
 	if old, ok := n.handoff.InFlight(ruleName, key); ok {
-		return old, true
+		return old, true, false
 	}
-	if _, in := v.Member(n.data.ID()); in || !forwarded(ctx) {
-		return cluster.Member{}, false // the usual case: no owner to hash
+	if _, in := v.Member(n.data.ID()); in {
+		return cluster.Member{}, false, false // the usual case: no owner to hash
 	}
 	owner, has := v.Owner(key)
 	if !has {
-		return cluster.Member{}, false
+		return cluster.Member{}, false, false
 	}
 	if held, _ := n.buckets.Held(ruleName, key); held {
-		return cluster.Member{}, false
+		return cluster.Member{}, false, false
 	}
-	return owner, true
+	return owner, true, true
 }
 
 // handoffDecide handles an acquire whose key's bucket is not decided here
@@ -462,7 +468,7 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		}
 		return false, nil
 	}
-	old, ok := n.stateElsewhere(ctx, name, key)
+	old, ok, outside := n.stateElsewhere(name, key)
 	if !ok {
 		return false, nil
 	}
@@ -490,7 +496,7 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 		return true, nil
 	case reason == NotHereReason:
 		return false, nil // nothing of the key is in flight
-	case reason == "" && n.handoff.Guessed(old.ID):
+	case reason == "" && !outside && n.handoff.Guessed(old.ID):
 		// Only guessed (ExpectEntry), and the old owner did not say that
 		// it holds the key: it is decided here. If the old owner could
 		// not be asked, the key counts as fresh; should it hand a state
@@ -504,7 +510,7 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	}
 	// Handed over (on the wire), or the old owner did not answer: wait.
 	until := start.Add(2 * left / 3)
-	if n.handoff.WaitKey(ctx, name, key, until, reason == HandedOverReason) {
+	if n.handoff.WaitKey(ctx, name, key, until, reason == HandedOverReason || outside) {
 		return false, nil
 	}
 	n.handoff.Held.Add(1)

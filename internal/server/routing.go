@@ -100,7 +100,8 @@ func names(ctx context.Context, id string) bool {
 // from a healthy owner (a broken connection after a partition) must not
 // make another node decide that owner's keys from a fresh bucket. A key
 // whose owner the caller could not reach (AvoidHeader) goes to its next
-// owner among the members not named.
+// owner among the members not named. A new owner's question about a
+// key's state (HandoffHeader) is always answered here.
 func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster.Member, error) {
 	if v.Len() == 0 {
 		if n.sole() {
@@ -114,6 +115,12 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 		return nil, nil
 	}
 	if forwarded(ctx) {
+		if fromNewOwner(ctx) {
+			// A key's new owner asks about the bucket this node holds
+			// or handed over (HandoffHeader): only this node can
+			// answer, whoever its view says owns the key.
+			return nil, nil
+		}
 		if names(ctx, owner.ID) && !n.peers.down(ctx, owner) {
 			return nil, failf(ErrUnavailable, "the key's owner %s answers its health check from %s, which does not decide its keys for a node that cannot reach it; retry", owner.ID, self)
 		}
