@@ -234,21 +234,22 @@ func (r *Receiver) finishLocked(from string, completed bool) {
 	}
 }
 
-// pendingFor is the pending handoff that key's state belongs to: one
-// from the member that owned key in the view before, nil if none; a
+// pendingFor is the pending handoff that the state of the key whose
+// owner is hashed from ownerKey belongs to: one from the member that
+// owned it in the view before, nil if none; a
 // handoff announced or owed comes before a guessed one (ExpectEntry). A
 // handoff whose wait ran out ends here: its sender counts as gone
 // unplanned, unless it was only guessed. r.mu is held.
-func (r *Receiver) pendingFor(key string, now time.Time) *pending {
+func (r *Receiver) pendingFor(ownerKey string, now time.Time) *pending {
 	var guess *pending
 	for from, q := range r.pending {
-		o, ok := q.old.Owner(key)
+		o, ok := q.old.Owner(ownerKey)
 		if !ok || o.ID != from || o.ID == r.l.ID {
 			continue
 		}
 		if q.guessed {
 			// A guess covers only the keys the view gives this node.
-			if c, ok := r.view().Owner(key); !ok || c.ID != r.l.ID {
+			if c, ok := r.view().Owner(ownerKey); !ok || c.ID != r.l.ID {
 				continue
 			}
 		}
@@ -268,6 +269,11 @@ func (r *Receiver) pendingFor(key string, now time.Time) *pending {
 	return guess
 }
 
+// Busy reports whether a handoff to this node is pending or a member
+// left unplanned lately: whether InFlight can say anything but no. It is
+// one atomic load each.
+func (r *Receiver) Busy() bool { return r.npending.Load() != 0 || r.nunplanned.Load() != 0 }
+
 // InFlight reports the member whose handoff of key's bucket of ruleName
 // this node still waits for: it owned the key before and has announced
 // (or, the view says, owes) a handoff that has not ended, and the bucket
@@ -275,17 +281,23 @@ func (r *Receiver) pendingFor(key string, now time.Time) *pending {
 // old owner left unplanned starts fresh here, and is counted (Exposure).
 // It costs one atomic load when nothing is pending or unplanned.
 func (r *Receiver) InFlight(ruleName, key string) (cluster.Member, bool) {
+	return r.InFlightOwned(ruleName, key, key)
+}
+
+// InFlightOwned is InFlight for a bucket whose owner is not hashed from
+// its key but from ownerKey (an Envoy counter's is its descriptor's).
+func (r *Receiver) InFlightOwned(ruleName, key, ownerKey string) (cluster.Member, bool) {
 	if r.npending.Load() == 0 && r.nunplanned.Load() == 0 || r.l.Buckets.Has(ruleName, key) {
 		return cluster.Member{}, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if p := r.pendingFor(key, time.Now()); p != nil {
-		o, _ := p.old.Owner(key)
+	if p := r.pendingFor(ownerKey, time.Now()); p != nil {
+		o, _ := p.old.Owner(ownerKey)
 		return o, true
 	}
 	for from, old := range r.unplanned {
-		if o, ok := old.Owner(key); ok && o.ID == from {
+		if o, ok := old.Owner(ownerKey); ok && o.ID == from {
 			r.markFresh(ruleName, key)
 		}
 	}
@@ -299,6 +311,12 @@ func (r *Receiver) InFlight(ruleName, key string) (cluster.Member, bool) {
 // handoff the key belongs to, or there being none, is also true. The
 // wait is that of a batch on the wire.
 func (r *Receiver) WaitKey(ctx context.Context, ruleName, key string, until time.Time, handedOver bool) bool {
+	return r.WaitKeyOwned(ctx, ruleName, key, key, until, handedOver)
+}
+
+// WaitKeyOwned is WaitKey for a bucket whose owner is hashed from
+// ownerKey (InFlightOwned).
+func (r *Receiver) WaitKeyOwned(ctx context.Context, ruleName, key, ownerKey string, until time.Time, handedOver bool) bool {
 	r.Waited.Add(1)
 	for {
 		if r.l.Buckets.Has(ruleName, key) {
@@ -306,7 +324,7 @@ func (r *Receiver) WaitKey(ctx context.Context, ruleName, key string, until time
 		}
 		now := time.Now()
 		r.mu.Lock()
-		p, woke := r.pendingFor(key, now), r.installed
+		p, woke := r.pendingFor(ownerKey, now), r.installed
 		r.mu.Unlock()
 		if p == nil && !handedOver {
 			return true

@@ -19,6 +19,7 @@ import (
 	"github.com/tokenserver/tokenserver/internal/bucket"
 	"github.com/tokenserver/tokenserver/internal/cluster"
 	"github.com/tokenserver/tokenserver/internal/envoyrls"
+	"github.com/tokenserver/tokenserver/internal/handoff"
 	"github.com/tokenserver/tokenserver/internal/rule"
 	"github.com/tokenserver/tokenserver/internal/shard"
 )
@@ -109,12 +110,18 @@ func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.
 	v := d.n.data.View()
 	var remote, movedTo map[string][]int
 	var owners, movedOwners map[string]cluster.Member
+	d.n.observeView(v)
+	var wait inFlightWait
 	for i, h := range hits {
 		owner, err := d.n.route(ctx, v, h.Limit.HashKey())
 		if err != nil {
 			return nil, err
 		}
 		if owner == nil {
+			if l := h.Limit; d.n.handoff.Busy() && wait.held(ctx, d, d.ruleName(l.Unit, l.Algorithm, l.RequestsPerUnit, l.Burst), l.CounterKey(), l.HashKey()) {
+				out[i] = heldDecision
+				continue
+			}
 			var to cluster.Member
 			var moved bool
 			if out[i], to, moved, err = d.localHit(v, h, now); err != nil {
@@ -143,6 +150,45 @@ func (d *envoyDecider) Decide(ctx context.Context, _ time.Time, hits []envoyrls.
 		errs = append(errs, d.forward(metadata.AppendToOutgoingContext(ctx, envoyMovedHeader, "1"), v, hits, movedOwners, movedTo, out, false))
 	}
 	return out, errors.Join(errs...)
+}
+
+// heldDecision answers a hit whose counter's state is still on its way
+// to this node (inFlightWait): over the limit for a moment, as an acquire
+// is denied with a short retry_after (handoffDecide). A deny is an
+// answer; an error would let Envoy's failure mode admit the request.
+var heldDecision = envoyrls.Decision{Over: true, ResetAfter: handoffRetryAfter}
+
+// inFlightWait is the wait of one call's hits for counters whose state a
+// handoff to this node still carries (Receiver.InFlightOwned), as an
+// acquire's (handoffDecide): Envoy's hits have no question to send the
+// old owner, which froze the counter when its view changed, so they wait
+// for the batch carrying it, within two thirds of the call's time,
+// shared by the call's hits. The old owner's handoff ending without the
+// counter (it held none) ends the wait too: the counter starts here.
+type inFlightWait struct {
+	until time.Time
+}
+
+// held waits for the state of counter key of rule name (its owner
+// hashed from ownerKey) while it is in flight, and reports whether it
+// has still not come: the hit is then held (heldDecision).
+func (w *inFlightWait) held(ctx context.Context, d *envoyDecider, name, key, ownerKey string) bool {
+	r := d.n.handoff
+	if _, ok := r.InFlightOwned(name, key, ownerKey); !ok {
+		return false
+	}
+	if w.until.IsZero() {
+		left := handoff.DefaultWait
+		if dl, ok := ctx.Deadline(); ok {
+			left = time.Until(dl)
+		}
+		w.until = time.Now().Add(2 * left / 3)
+	}
+	if r.WaitKeyOwned(ctx, name, key, ownerKey, w.until, false) {
+		return false
+	}
+	r.Held.Add(1)
+	return true
 }
 
 // localHit decides h here at now, unless this node handed its counter
@@ -281,6 +327,8 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 	var movedTo map[string][]int
 	var movedOwners map[string]cluster.Member
 	var movedHits []envoyrls.Hit
+	d.n.observeView(d.n.data.View())
+	var wait inFlightWait
 	for i, desc := range ds {
 		es, l := desc.GetEntries(), desc.GetLimit()
 		if len(es) != 1 || l == nil || !envoyrls.ValidUnit(envoyrls.Unit(l.GetUnit())) {
@@ -293,6 +341,13 @@ func (d *envoyDecider) serveHits(ctx context.Context, req *rlpb.RateLimitRequest
 			return nil, failf(ErrBadRequest, "forwarded envoy hit %d: bad algorithm/burst %q", i, es[0].GetValue())
 		}
 		unit := envoyrls.Unit(l.GetUnit())
+		if d.n.handoff.Busy() {
+			if hashKey, ok := envoyrls.HashKeyOf(es[0].GetKey(), unit, bucket.Algorithm(alg)); ok &&
+				wait.held(ctx, d, d.ruleName(unit, bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst), es[0].GetKey(), hashKey) {
+				out[i] = heldDecision
+				continue
+			}
+		}
 		dec, err := d.local(unit, es[0].GetKey(), bucket.Algorithm(alg), l.GetRequestsPerUnit(), burst, desc.GetHitsAddend().GetValue(), debit[i], now)
 		if errors.Is(err, shard.ErrMoved) && len(metadata.ValueFromIncomingContext(ctx, envoyMovedHeader)) == 0 {
 			// Handed over: sent on to the key's owner (localHit), once.
