@@ -50,6 +50,9 @@ type Client struct {
 	nodes    map[string]*node // by gRPC address: members and seeds
 	limiters map[string]*Limiter
 	handles  map[*Handle]struct{}
+	// retiring are nodes that left the view, whose connections close
+	// once the calls already on them have had their time (retire).
+	retiring map[*node]*time.Timer
 	wg       sync.WaitGroup // every goroutine the client starts
 }
 
@@ -79,6 +82,7 @@ func New(ctx context.Context, seeds []string, opts ...Option) (*Client, error) {
 		nodes:    map[string]*node{},
 		limiters: map[string]*Limiter{},
 		handles:  map[*Handle]struct{}{},
+		retiring: map[*node]*time.Timer{},
 		watchNow: make(chan struct{}, 1),
 	}
 	if c.log == nil {
@@ -316,6 +320,11 @@ func (c *Client) Close() error {
 		nodes = append(nodes, n)
 	}
 	c.nodes = map[string]*node{}
+	for n, t := range c.retiring {
+		t.Stop()
+		nodes = append(nodes, n)
+	}
+	c.retiring = map[*node]*time.Timer{}
 	c.mu.Unlock()
 	c.cancel()
 	for _, n := range nodes {
@@ -329,4 +338,30 @@ func (c *Client) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// retire stops sending new calls to n, a node that left the view, and
+// closes its connection only once the calls already on it have had their
+// time (the longest a call, a give-back or a release is given): a member
+// that leaves its view still answers while it drains, and closing at once
+// failed such calls with "the client connection is closing" after the
+// server may have decided them (a lease granted that the caller never
+// learned of, a release made but reported failed).
+func (c *Client) retire(n *node) {
+	n.stopDispatch()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		_ = n.conn.Close()
+		return
+	}
+	c.retiring[n] = time.AfterFunc(max(time.Second, 4*c.o.callTimeout), func() {
+		c.mu.Lock()
+		_, ok := c.retiring[n]
+		delete(c.retiring, n)
+		c.mu.Unlock()
+		if ok {
+			_ = n.conn.Close()
+		}
+	})
 }

@@ -545,3 +545,70 @@ func TestCallQueuedForDepartingMemberGoesToNextOwner(t *testing.T) {
 		t.Fatalf("acquires answered: a %d, b %d; want the call sent once", a.calls.Load(), b.calls.Load())
 	}
 }
+
+// slowNode is a fake member that grants every acquire after delay;
+// arrived counts the calls as they come.
+type slowNode struct {
+	grantNode
+	delay   time.Duration
+	arrived atomic.Int64
+}
+
+func (s *slowNode) AcquireToken(ctx context.Context, req *pb.AcquireTokenRequest) (*pb.AcquireTokenResponse, error) {
+	s.arrived.Add(1)
+	time.Sleep(s.delay)
+	return s.grantNode.AcquireToken(ctx, req)
+}
+
+func (s *slowNode) AcquireTokens(ctx context.Context, req *pb.AcquireTokensRequest) (*pb.AcquireTokensResponse, error) {
+	s.arrived.Add(1)
+	time.Sleep(s.delay)
+	return s.grantNode.AcquireTokens(ctx, req)
+}
+
+// Regression (the handoff scale-down test's SDK lease load: a lease still
+// held once every handle was released): when a member left the client's
+// view, the SDK closed its connection at once, failing the calls already
+// on it with "the client connection is closing", although the member,
+// draining, still answers them, and may have granted a lease the caller
+// then never knew of. A member that leaves the view gets no new calls,
+// and its connection closes once the calls on it have had their time.
+func TestCallInFlightWhenMemberLeavesIsAnswered(t *testing.T) {
+	a, b := &slowNode{delay: 300 * time.Millisecond}, &grantNode{}
+	a.heartbeat, b.heartbeat = true, true
+	aAddr, bAddr := serveFake(t, a), serveFake(t, b)
+	members := []*pb.Member{{Id: "a", GrpcAddr: aAddr}, {Id: "b", GrpcAddr: bAddr}}
+	view := &pb.ClusterView{Members: members, Epoch: 5, Ready: true, Rules: []*pb.ClientRule{clientRule("r", 1, pb.FallbackPolicy_DENY)}}
+	a.view, b.view = view, view
+	c, _ := newClient(t, []string{bAddr}, WithCallTimeout(2*time.Second))
+	waitFor(t, 10*time.Second, "the two-member view", func() bool {
+		st := c.state.Load()
+		return st.view.Len() == 2 && st.rules["r"] != nil
+	})
+	st := c.state.Load()
+	key := ""
+	for i := 0; key == ""; i++ {
+		if m, _ := st.view.Owner(fmt.Sprintf("k%d", i)); m.ID == "a" {
+			key = fmt.Sprintf("k%d", i)
+		}
+	}
+	type result struct {
+		d   Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := c.Limiter("r").AllowN(context.Background(), key, 1)
+		done <- result{d, err}
+	}()
+	waitFor(t, 5*time.Second, "the call on a", func() bool { return a.arrived.Load() == 1 })
+	// a leaves the view (it drains) while the call is on it.
+	c.applyView(&pb.ClusterView{Members: members[1:], Epoch: 6, Ready: true, Rules: view.Rules}, true)
+	r := <-done
+	if r.err != nil || !r.d.Allowed || r.d.Source != SourceServer {
+		t.Fatalf("call on a member that left the view meanwhile: %+v, %v; want a's answer", r.d, r.err)
+	}
+	if n := b.calls.Load(); n != 0 {
+		t.Fatalf("b answered %d calls; the call was a's", n)
+	}
+}

@@ -57,12 +57,6 @@ func newNode(c *Client, addr string) (*node, error) {
 // stopDispatch stops the dispatcher; calls waiting in it fail.
 func (n *node) stopDispatch() { n.stopOnce.Do(func() { close(n.stop) }) }
 
-// close stops the node after it left the view.
-func (n *node) close() {
-	n.stopDispatch()
-	_ = n.conn.Close()
-}
-
 // acquire sends one acquire to the node: through the dispatcher when
 // coalescing, else as its own RPC. ctx carries the call's deadline; avoid
 // names the members the call must not be decided by.

@@ -149,7 +149,7 @@ func (c *Client) applyView(pv *pb.ClusterView, authoritative bool) {
 	c.m.viewEpoch.Set(float64(view.Epoch))
 	c.m.viewMembers.Set(float64(view.Len()))
 	for _, n := range gone {
-		n.close()
+		c.retire(n)
 	}
 	c.updateMode()
 }

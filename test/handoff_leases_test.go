@@ -138,7 +138,12 @@ func (q *leaseLoad) start(t *testing.T, ctx context.Context, seeds []string) {
 				switch {
 				case errors.As(err, &denied):
 				case err != nil && strings.Contains(err.Error(), "the client connection is closing"):
-					q.sdkConnClosing.Add(1) // the SDK's doing (see handoffLoad.sdkConnClosing)
+					// The SDK's doing (see handoffLoad.sdkConnClosing);
+					// the server may have granted the lease.
+					q.sdkConnClosing.Add(1)
+					q.mu.Lock()
+					q.sdkDoubt[key] = true
+					q.mu.Unlock()
 				case err != nil:
 					if q.sdkFallback.Add(1) <= 5 {
 						t.Logf("SDK lease acquire on %s not decided by a server: %v", key, err)
