@@ -19,19 +19,14 @@ import (
 // became ready. It matches grpc-go's error text, the only thing that says
 // so (rpcerr_test.go produces every fragment with the pinned grpc-go, so a
 // bump that changes one fails a test):
-//
 //   - "Error while dialing", "connection refused": the dial failed;
-//
 //   - "produced zero addresses": the resolver had no address to dial;
-//
 //   - "failed to write client preface", "error reading server preface":
 //     the connection broke before the HTTP/2 prefaces were exchanged;
-//
 //   - a bare "write: broken pipe" or "write: connection reset by peer": the
 //     connection was reset before the server's preface, and grpc-go
 //     returned the error of flushing its first frames unwrapped (see
-//     resetBeforePreface).
-//
+//     resetBeforePreface);
 //   - errLeftMsg: the SDK's own answer to a call it queued for a node that
 //     left its view (or to a client closing) before the call was sent.
 //
