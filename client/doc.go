@@ -78,7 +78,9 @@
 // same. That next owner is the owner the view gives the key once it drops
 // the failed node, so the key moves once. Members that left the view are
 // named in the header for 5 s, so servers whose view is older do not send
-// their keys back to them. The prober retries a failing node with
+// their keys back to them; a member that leaves the view gets no new
+// calls, but the calls already on it (it still answers while it drains)
+// are answered before its connection closes. The prober retries a failing node with
 // full-jitter backoff, 50ms to 250ms while the view lists it (up to 5s
 // otherwise), and closes the breaker when the node answers as ready: a
 // node that comes back is used again at once if it is still in the view,
