@@ -508,6 +508,37 @@ func (g *grantNode) AcquireTokens(_ context.Context, req *pb.AcquireTokensReques
 	return resp, nil
 }
 
+// fakeMember is a fake member whose view the test sets.
+type fakeMember interface {
+	pb.TokenServiceServer
+	setView(*pb.ClusterView)
+}
+
+func (m *muteNode) setView(v *pb.ClusterView) { m.view, m.heartbeat = v, true }
+
+// twoMembers serves a and b as members "a" and "b" of one view (a DENY
+// rule "r") and returns a client that has that view, the view, and a key
+// that a owns.
+func twoMembers(t *testing.T, a, b fakeMember, opts ...Option) (c *Client, view *pb.ClusterView, key string) {
+	t.Helper()
+	aAddr, bAddr := serveFake(t, a), serveFake(t, b)
+	view = &pb.ClusterView{Members: []*pb.Member{{Id: "a", GrpcAddr: aAddr}, {Id: "b", GrpcAddr: bAddr}}, Epoch: 5, Ready: true,
+		Rules: []*pb.ClientRule{clientRule("r", 1, pb.FallbackPolicy_DENY)}}
+	a.setView(view)
+	b.setView(view)
+	c, _ = newClient(t, []string{bAddr}, opts...)
+	waitFor(t, 10*time.Second, "the two-member view", func() bool {
+		st := c.state.Load()
+		return st.view.Len() == 2 && st.rules["r"] != nil
+	})
+	for i := 0; key == ""; i++ {
+		if m, _ := c.state.Load().view.Owner(fmt.Sprintf("k%d", i)); m.ID == "a" {
+			key = fmt.Sprintf("k%d", i)
+		}
+	}
+	return c, view, key
+}
+
 // Regression: in the handoff scale-down test, a call that the SDK had
 // queued for a member just as that member left the client's view was
 // failed by the SDK itself ("node left the view or client closed") and
@@ -516,25 +547,9 @@ func (g *grantNode) AcquireTokens(_ context.Context, req *pb.AcquireTokensReques
 // owner, as any call that provably never reached a server.
 func TestCallQueuedForDepartingMemberGoesToNextOwner(t *testing.T) {
 	a, b := &grantNode{}, &grantNode{}
-	a.heartbeat, b.heartbeat = true, true
-	aAddr, bAddr := serveFake(t, a), serveFake(t, b)
-	members := []*pb.Member{{Id: "a", GrpcAddr: aAddr}, {Id: "b", GrpcAddr: bAddr}}
-	view := &pb.ClusterView{Members: members, Epoch: 5, Ready: true, Rules: []*pb.ClientRule{clientRule("r", 1, pb.FallbackPolicy_DENY)}}
-	a.view, b.view = view, view
-	c, _ := newClient(t, []string{aAddr})
-	waitFor(t, 10*time.Second, "the two-member view", func() bool {
-		st := c.state.Load()
-		return st.view.Len() == 2 && st.rules["r"] != nil
-	})
-	st := c.state.Load()
-	key := ""
-	for i := 0; key == ""; i++ {
-		if m, _ := st.view.Owner(fmt.Sprintf("k%d", i)); m.ID == "a" {
-			key = fmt.Sprintf("k%d", i)
-		}
-	}
+	c, _, key := twoMembers(t, a, b)
 	// a leaves: its dispatcher stops while this call's view still names it.
-	st.byID["a"].stopDispatch()
+	c.state.Load().byID["a"].stopDispatch()
 	d, err := c.Limiter("r").AllowN(context.Background(), key, 1)
 	if err != nil || !d.Allowed || d.Source != SourceServer {
 		t.Fatalf("call for a key of the departing member: %+v, %v; want a server's decision", d, err)
@@ -575,23 +590,7 @@ func (s *slowNode) AcquireTokens(ctx context.Context, req *pb.AcquireTokensReque
 // and its connection closes once the calls on it have had their time.
 func TestCallInFlightWhenMemberLeavesIsAnswered(t *testing.T) {
 	a, b := &slowNode{delay: 300 * time.Millisecond}, &grantNode{}
-	a.heartbeat, b.heartbeat = true, true
-	aAddr, bAddr := serveFake(t, a), serveFake(t, b)
-	members := []*pb.Member{{Id: "a", GrpcAddr: aAddr}, {Id: "b", GrpcAddr: bAddr}}
-	view := &pb.ClusterView{Members: members, Epoch: 5, Ready: true, Rules: []*pb.ClientRule{clientRule("r", 1, pb.FallbackPolicy_DENY)}}
-	a.view, b.view = view, view
-	c, _ := newClient(t, []string{bAddr}, WithCallTimeout(2*time.Second))
-	waitFor(t, 10*time.Second, "the two-member view", func() bool {
-		st := c.state.Load()
-		return st.view.Len() == 2 && st.rules["r"] != nil
-	})
-	st := c.state.Load()
-	key := ""
-	for i := 0; key == ""; i++ {
-		if m, _ := st.view.Owner(fmt.Sprintf("k%d", i)); m.ID == "a" {
-			key = fmt.Sprintf("k%d", i)
-		}
-	}
+	c, view, key := twoMembers(t, a, b, WithCallTimeout(2*time.Second))
 	type result struct {
 		d   Decision
 		err error
@@ -603,7 +602,7 @@ func TestCallInFlightWhenMemberLeavesIsAnswered(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "the call on a", func() bool { return a.arrived.Load() == 1 })
 	// a leaves the view (it drains) while the call is on it.
-	c.applyView(&pb.ClusterView{Members: members[1:], Epoch: 6, Ready: true, Rules: view.Rules}, true)
+	c.applyView(&pb.ClusterView{Members: view.Members[1:], Epoch: 6, Ready: true, Rules: view.Rules}, true)
 	r := <-done
 	if r.err != nil || !r.d.Allowed || r.d.Source != SourceServer {
 		t.Fatalf("call on a member that left the view meanwhile: %+v, %v; want a's answer", r.d, r.err)

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -12,8 +11,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	pb "github.com/tokenserver/tokenserver/proto/tokenserver/v1"
 )
 
 const envoyDrainLoadYAML = `domain: edge
@@ -39,40 +36,13 @@ descriptors:
 // limit admitted them again.)
 func TestEnvoyCountersExactAcrossDrainUnderLoad(t *testing.T) {
 	const limit = 100000 // a year: the token bucket refills one in 5 minutes
-	cm := newConfigMap(t, map[string]string{"edge.yaml": envoyDrainLoadYAML})
-	c := newProcCluster(t, 3, "--envoy-config-dir", cm.dir, "--envoy-config-poll", "100ms")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, id := range c.ids {
-		c.waitFor("domain edge on "+id, 20*time.Second, func() bool {
-			resp, err := c.admin(id).ListEnvoyDomains(ctx, &pb.ListEnvoyDomainsRequest{Local: true})
-			return err == nil && len(resp.GetDomains()) == 1
-		})
-	}
-	leader := c.leader("")
-	var drained, via string
-	for _, id := range c.ids {
-		if id != leader && drained == "" {
-			drained = id
-		} else if id != drained {
-			via = id
-		}
-	}
-	view := c.fullView(via)
-	type counter struct{ key, value string }
-	var counters []counter
-	for _, key := range []string{"remote_address", "tenant"} {
-		for i, n := 0, 0; n < 5; i++ {
-			if v := fmt.Sprintf("10.8.0.%d", i); ownerOf(view, "edge_"+key+"_"+v+"_") == drained {
-				counters = append(counters, counter{key, v})
-				n++
-			}
-		}
-	}
+	c, drained, via, counters := envoyDrainCounters(ctx, t, envoyDrainLoadYAML, "10.8.0.")
 	var mu sync.Mutex
-	admitted, doubt := map[counter]int{}, map[counter]bool{}
+	admitted, doubt := map[envoyCounter]int{}, map[envoyCounter]bool{}
 	var calls, errs int
-	hit := func(k counter) (*rlpb.RateLimitResponse, error) {
+	hit := func(k envoyCounter) (*rlpb.RateLimitResponse, error) {
 		cctx, ccancel := context.WithTimeout(ctx, time.Second)
 		defer ccancel()
 		return c.rls(via).ShouldRateLimit(cctx, &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc(k.key, k.value)}})

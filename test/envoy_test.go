@@ -406,17 +406,16 @@ descriptors:
       requests_per_unit: 20
 `
 
-// TestEnvoyCountersSurviveDrain drains (SIGTERM) the node that owns some
-// Envoy counters, half spent, under calls through another node: the
-// drain hands the counters over, so each is admitted exactly its 20 a
-// day across the drain. (Before, the new owner dropped handed-over Envoy
-// counters, whose rules are in no rule table, and each started fresh:
-// 30 of 20 here.)
-func TestEnvoyCountersSurviveDrain(t *testing.T) {
-	cm := newConfigMap(t, map[string]string{"edge.yaml": envoyDrainYAML})
-	c := newProcCluster(t, 3, "--envoy-config-dir", cm.dir, "--envoy-config-poll", "100ms")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+// envoyCounter is a counter of domain edge: its descriptor key and value.
+type envoyCounter struct{ key, value string }
+
+// envoyDrainCounters starts 3 nodes serving the Envoy config yaml (domain
+// edge) and returns them, a node to drain (not the leader), another to
+// call through, and five counters each of remote_address and tenant
+// (values prefix0, prefix1, ...) that the node to drain owns.
+func envoyDrainCounters(ctx context.Context, t *testing.T, yaml, prefix string) (c *procCluster, drained, via string, counters []envoyCounter) {
+	cm := newConfigMap(t, map[string]string{"edge.yaml": yaml})
+	c = newProcCluster(t, 3, "--envoy-config-dir", cm.dir, "--envoy-config-poll", "100ms")
 	for _, id := range c.ids {
 		c.waitFor("domain edge on "+id, 20*time.Second, func() bool {
 			resp, err := c.admin(id).ListEnvoyDomains(ctx, &pb.ListEnvoyDomainsRequest{Local: true})
@@ -424,7 +423,6 @@ func TestEnvoyCountersSurviveDrain(t *testing.T) {
 		})
 	}
 	leader := c.leader("")
-	var drained, via string
 	for _, id := range c.ids {
 		if id != leader && drained == "" {
 			drained = id
@@ -433,18 +431,29 @@ func TestEnvoyCountersSurviveDrain(t *testing.T) {
 		}
 	}
 	view := c.fullView(via)
-	type counter struct{ key, value string }
-	var counters []counter
 	for _, key := range []string{"remote_address", "tenant"} {
 		for i, n := 0, 0; n < 5; i++ {
-			if v := fmt.Sprintf("10.9.0.%d", i); ownerOf(view, "edge_"+key+"_"+v+"_") == drained {
-				counters = append(counters, counter{key, v})
+			if v := fmt.Sprintf("%s%d", prefix, i); ownerOf(view, "edge_"+key+"_"+v+"_") == drained {
+				counters = append(counters, envoyCounter{key, v})
 				n++
 			}
 		}
 	}
-	admitted := map[counter]int{}
-	hit := func(k counter) {
+	return c, drained, via, counters
+}
+
+// TestEnvoyCountersSurviveDrain drains (SIGTERM) the node that owns some
+// Envoy counters, half spent, under calls through another node: the
+// drain hands the counters over, so each is admitted exactly its 20 a
+// day across the drain. (Before, the new owner dropped handed-over Envoy
+// counters, whose rules are in no rule table, and each started fresh:
+// 30 of 20 here.)
+func TestEnvoyCountersSurviveDrain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, drained, via, counters := envoyDrainCounters(ctx, t, envoyDrainYAML, "10.9.0.")
+	admitted := map[envoyCounter]int{}
+	hit := func(k envoyCounter) {
 		t.Helper()
 		resp, err := c.rls(via).ShouldRateLimit(ctx, &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{rlsDesc(k.key, k.value)}})
 		if err != nil {
