@@ -77,6 +77,35 @@ type pending struct {
 	// that from owes a handoff, so a wait that runs out does not count
 	// from as gone unplanned.
 	guessed bool
+	// senders is old without the members the receiver's view has lost
+	// since (from always kept), and seen the view it was made for
+	// (ownerOf).
+	senders, seen *cluster.View
+}
+
+// ownerOf is the owner of ownerKey when from handed its keys over: in
+// old, without the members that left the receiver's view cur since (from
+// is kept). old is the receiver's view when it learned of the handoff;
+// the sender's own view can already be without members whose leaving the
+// receiver has not applied yet (a scale-down of two nodes in a row), and
+// their keys then went to the sender: keyed by old alone, they would not
+// count as in flight and would start fresh here. A member the receiver
+// has lost without the sender having lost it only makes a key wait for
+// the sender's handoff to end. p is under the receiver's lock.
+func (p *pending) ownerOf(ownerKey string, cur *cluster.View) (cluster.Member, bool) {
+	if p.guessed || cur == nil {
+		return p.old.Owner(ownerKey)
+	}
+	if p.seen != cur {
+		ms := make([]cluster.Member, 0, p.old.Len())
+		for _, m := range p.old.Members() {
+			if _, ok := cur.Member(m.ID); ok || m.ID == p.from {
+				ms = append(ms, m)
+			}
+		}
+		p.senders, p.seen = cluster.NewView(p.old.Epoch, ms), cur
+	}
+	return p.senders.Owner(ownerKey)
 }
 
 // NewReceiver returns a Receiver for l.
@@ -206,7 +235,7 @@ func (r *Receiver) expect(from string, old *cluster.View, wait time.Duration, an
 		return // its handoff came before this node saw the view change
 	}
 	if p := r.pending[from]; p != nil && !p.closed {
-		p.old, p.deadline = old, time.Now().Add(wait)
+		p.old, p.deadline, p.seen = old, time.Now().Add(wait), nil
 		p.guessed = p.guessed && guessed
 		return
 	}
@@ -242,14 +271,15 @@ func (r *Receiver) finishLocked(from string, completed bool) {
 // unplanned, unless it was only guessed. r.mu is held.
 func (r *Receiver) pendingFor(ownerKey string, now time.Time) *pending {
 	var guess *pending
+	cur := r.view()
 	for from, q := range r.pending {
-		o, ok := q.old.Owner(ownerKey)
+		o, ok := q.ownerOf(ownerKey, cur)
 		if !ok || o.ID != from || o.ID == r.l.ID {
 			continue
 		}
 		if q.guessed {
 			// A guess covers only the keys the view gives this node.
-			if c, ok := r.view().Owner(ownerKey); !ok || c.ID != r.l.ID {
+			if c, ok := cur.Owner(ownerKey); !ok || c.ID != r.l.ID {
 				continue
 			}
 		}
@@ -293,7 +323,7 @@ func (r *Receiver) InFlightOwned(ruleName, key, ownerKey string) (cluster.Member
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p := r.pendingFor(ownerKey, time.Now()); p != nil {
-		o, _ := p.old.Owner(ownerKey)
+		o, _ := p.ownerOf(ownerKey, r.view())
 		return o, true
 	}
 	for from, old := range r.unplanned {
