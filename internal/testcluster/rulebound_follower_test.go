@@ -16,15 +16,7 @@ import (
 // NotFound. Bug (seen in CI): the console's rule page, opened right after
 // `rule put`, showed "rule not found" and no bound.
 func TestRuleBoundOnLaggingFollowerRegression(t *testing.T) {
-	nw := NewNetwork()
-	t.Cleanup(nw.Close)
-	c := NewWith(t, 3, nw.Use)
-	nw.Register(c)
-	f := c.Follower()
-	nw.Isolate(f.ID)
-	if _, err := c.Leader().Admin().PutRule(ctx(t), &pb.PutRuleRequest{Rule: tokenBucket("fresh", 5)}); err != nil {
-		t.Fatal(err)
-	}
+	nw, _, f := laggingFollower(t)
 	// The follower catches up while the call waits for it.
 	heal := time.AfterFunc(300*time.Millisecond, func() { _ = nw.Heal(f.ID) })
 	t.Cleanup(func() { heal.Stop() })
