@@ -317,7 +317,7 @@ func (r *Receiver) InFlight(ruleName, key string) (cluster.Member, bool) {
 // InFlightOwned is InFlight for a bucket whose owner is not hashed from
 // its key but from ownerKey (an Envoy counter's is its descriptor's).
 func (r *Receiver) InFlightOwned(ruleName, key, ownerKey string) (cluster.Member, bool) {
-	if r.npending.Load() == 0 && r.nunplanned.Load() == 0 || r.l.Buckets.Has(ruleName, key) {
+	if !r.Busy() || r.l.Buckets.Has(ruleName, key) {
 		return cluster.Member{}, false
 	}
 	r.mu.Lock()
