@@ -176,8 +176,13 @@ func (n *Node) handOver(ctx context.Context, why string, copies func(ruleName, k
 
 // viewSeen is the last view observeView handled, and its lock.
 type viewSeen struct {
-	mu   sync.Mutex
+	mu sync.Mutex
+	// view is stored once its moves are handled (the handoffs it makes
+	// expected), never before: a decision that finds it current decides
+	// on what that view moved.
 	view atomic.Pointer[cluster.View]
+	// handling, in tests, is called while a view is being handled.
+	handling func()
 	// entering is set while this node, having found itself in a view it
 	// did not see itself enter, has not yet heard a handoff end from
 	// every other member (expectEntry).
@@ -223,7 +228,14 @@ func (n *Node) observeView(cur *cluster.View) {
 	if old == cur {
 		return
 	}
-	n.seen.view.Store(cur)
+	// Stored once handled: a decision that loads cur meanwhile waits on
+	// the lock above, rather than decide a key whose handoff this node
+	// does not expect yet (a fresh bucket, a release of a lease on the
+	// wire answered with nothing).
+	defer n.seen.view.Store(cur)
+	if n.seen.handling != nil {
+		n.seen.handling()
+	}
 	self := n.data.ID()
 	in := func(v *cluster.View) bool { _, ok := v.Member(self); return ok }
 	if old == nil || old.Len() == 0 {
