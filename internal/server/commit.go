@@ -155,6 +155,11 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 			}
 		}
 	}
+	if forwarded(ctx) { // (this node's own routing was just now, by its view)
+		if owner, stray := n.strayOwner(ctx, 0, name, key); stray {
+			return toOwner(ctx, n, &owner, remote)
+		}
+	}
 	r, err := local()
 	if !errors.Is(err, shard.ErrMoved) {
 		return r, err

@@ -457,6 +457,39 @@ func (n *Node) stateElsewhere(ruleName, key string) (m cluster.Member, ok, outsi
 	return owner, true, true
 }
 
+// strayOwner reports the member a decision or settlement of key under
+// ruleName goes to instead of this node, which holds no bucket of the key
+// and whose view gives it to that member, when the call was routed here
+// by an older view (epoch, or the forwarding node's forwardedEpoch): a
+// batch decided across a view change, or a forward from a node that has
+// not seen it yet. Made here, it would start a fresh bucket beside the
+// key's state on its owner (this node handed its bucket over and dropped
+// it, or never held one), or settle a grant on none. Not for a decision
+// as the key's next owner (asNextOwner, or an owner the caller names in
+// its AvoidHeader), nor on a node outside its own view (stateElsewhere).
+// Each such hop goes to a newer view, so a call cannot go round.
+func (n *Node) strayOwner(ctx context.Context, epoch uint64, ruleName, key string) (cluster.Member, bool) {
+	v := n.data.View()
+	if fwd := forwardedEpoch(ctx); fwd > 0 {
+		epoch = fwd
+	}
+	if epoch >= v.Epoch || ctx.Value(nextOwnerKey{}) != nil {
+		return cluster.Member{}, false // routed by this view (or a newer one)
+	}
+	self := n.data.ID()
+	if _, in := v.Member(self); !in {
+		return cluster.Member{}, false
+	}
+	owner, ok := v.Owner(key)
+	if !ok || owner.ID == self || names(ctx, owner.ID) {
+		return cluster.Member{}, false
+	}
+	if held, _ := n.buckets.Held(ruleName, key); held {
+		return cluster.Member{}, false // decided on the state it holds
+	}
+	return owner, true
+}
+
 // handoffDecide handles an acquire whose key's bucket is not decided here
 // yet. done says it answered (into resp, grant id included), else the
 // caller decides locally.
@@ -482,7 +515,18 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	}
 	old, ok, outside := n.stateElsewhere(name, key)
 	if !ok {
-		return false, nil
+		owner, stray := n.strayOwner(ctx, epoch, name, key)
+		if !stray {
+			return false, nil
+		}
+		r, err := toOwner(ctx, n, &owner, func(ctx context.Context, tc pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
+			return tc.AcquireToken(ctx, req)
+		})
+		if err == nil {
+			proto.Reset(resp)
+			proto.Merge(resp, r)
+		}
+		return true, err
 	}
 	n.handoff.Asked.Add(1)
 	// The caller's time in thirds: one to ask the old owner, one to wait

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -56,9 +57,10 @@ func TestNewOwnerQuestionAnsweredWhateverTheAvoidHeader(t *testing.T) {
 	c.WaitFor("views agree", func() bool { return c.ViewsAgree(2) })
 	a, b := c.Nodes[0], c.Nodes[1]
 	key := c.KeyOwnedBy(b.ID, "q")
-	// a decides a lease of b's key (a forwarded call is answered where it
-	// lands) and holds its bucket, as an old owner does.
-	fwd := metadata.AppendToOutgoingContext(ctx, server.ForwardedHeader, "1")
+	// a decides a lease of b's key (a call forwarded by the view a holds
+	// is answered where it lands) and holds its bucket, as an old owner
+	// does.
+	fwd := metadata.AppendToOutgoingContext(ctx, server.ForwardedHeader, strconv.FormatUint(c.View().Epoch, 10))
 	lease, err := a.Token().AcquireToken(fwd, &pb.AcquireTokenRequest{Rule: "cq", Key: key})
 	if err != nil || !lease.GetAllowed() {
 		t.Fatalf("lease on a: %v %v", lease, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,7 +18,10 @@ import (
 )
 
 // ForwardedHeader marks a request forwarded by another node: it is served
-// where it lands and never forwarded again.
+// where it lands (never forwarded again), but for a key the node landed
+// on holds no bucket of and, by a newer view than the one the call was
+// routed by, does not own (strayOwner). Its value is the epoch of that
+// routing view ("1" from a node that does not say).
 const ForwardedHeader = pb.ForwardedHeader
 
 // AvoidHeader is request metadata naming, comma-separated, the member ids
@@ -40,12 +44,51 @@ func forwarded(ctx context.Context) bool {
 	return len(metadata.ValueFromIncomingContext(ctx, ForwardedHeader)) > 0
 }
 
+// forwardedEpoch is the epoch of the view by which the node that
+// forwarded the call routed it (the value of its ForwardedHeader; 1 from
+// a node that does not say, 0 for a call not forwarded).
+func forwardedEpoch(ctx context.Context) uint64 {
+	var e uint64
+	for _, v := range metadata.ValueFromIncomingContext(ctx, ForwardedHeader) {
+		if u, err := strconv.ParseUint(v, 10, 64); err == nil {
+			e = max(e, u)
+		}
+	}
+	return e
+}
+
+// routedKey is the context key of the epoch of the view a call was routed
+// by (routedBy).
+type routedKey struct{}
+
+// routedBy returns ctx for forwarding calls routed by the view of epoch:
+// the node they land on compares it with its own view (strayOwner).
+func routedBy(ctx context.Context, epoch uint64) context.Context {
+	return context.WithValue(ctx, routedKey{}, epoch)
+}
+
+// routingEpoch is the epoch a call forwarded under ctx was routed by
+// (routedBy), this node's current view's if ctx does not say.
+func (n *Node) routingEpoch(ctx context.Context) uint64 {
+	if e, ok := ctx.Value(routedKey{}).(uint64); ok {
+		return e
+	}
+	return n.data.View().Epoch
+}
+
 // markForwarded returns ctx (with its deadline) for a call to another node.
 // The call names, in its AvoidHeader, the members its caller could not
 // reach (the incoming AvoidHeader, up to MaxAvoid ids) and those this node
 // could not (avoiding): the node it lands on then decides a key of such a
 // member only if it, too, finds that member down (see route).
 func markForwarded(ctx context.Context) context.Context {
+	return markForwardedAt(ctx, 1)
+}
+
+// markForwardedAt is markForwarded for a data-plane call routed by the
+// view of epoch, which its ForwardedHeader carries (forwardedEpoch).
+func markForwardedAt(ctx context.Context, epoch uint64) context.Context {
+	fwd := strconv.FormatUint(max(epoch, 1), 10)
 	ids, _ := ctx.Value(avoidKey{}).([]string)
 	for _, val := range metadata.ValueFromIncomingContext(ctx, AvoidHeader) {
 		for rest, pieces := val, 0; rest != "" && len(ids) < MaxAvoid && pieces < 16*MaxAvoid; pieces++ {
@@ -57,9 +100,20 @@ func markForwarded(ctx context.Context) context.Context {
 		}
 	}
 	if len(ids) == 0 {
-		return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, "1")
+		return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, fwd)
 	}
-	return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, "1", AvoidHeader, strings.Join(ids, ","))
+	return metadata.AppendToOutgoingContext(ctx, ForwardedHeader, fwd, AvoidHeader, strings.Join(ids, ","))
+}
+
+// nextOwnerKey is the context key marking a decision this node makes as a
+// key's next owner, for an owner that could not decide it (asNextOwner).
+type nextOwnerKey struct{}
+
+// asNextOwner returns ctx for a decision this node makes in place of the
+// key's owner, which could not be reached (nextOwner): it is made here
+// whatever the view says (see strayOwner).
+func asNextOwner(ctx context.Context) context.Context {
+	return context.WithValue(ctx, nextOwnerKey{}, true)
 }
 
 // avoidKey is the context key of the member ids this node could not reach
@@ -236,7 +290,7 @@ func toOwnerWithin[R any](ctx context.Context, n *Node, owner *cluster.Member, f
 	n.metrics.forwarded.WithLabelValues(owner.ID).Inc()
 	actx, cancel, budget := n.attemptContext(ctx, first)
 	defer cancel()
-	resp, err := call(markForwarded(actx), pb.NewTokenServiceClient(conn))
+	resp, err := call(markForwardedAt(actx, n.routingEpoch(ctx)), pb.NewTokenServiceClient(conn))
 	if err != nil {
 		// The caller's time is not up: a deadline hit is the attempt's
 		// (the owner may end the call itself just before, by the
@@ -280,7 +334,7 @@ func answerReserve(left time.Duration) time.Duration {
 // writes the answers (or the call's error, per item) into results. Items of
 // an owner that cannot decide go to their next owners, once.
 func (n *Node) forwardBatch(ctx context.Context, v *cluster.View, items []*pb.AcquireTokenRequest, remote map[string][]int, results []*pb.AcquireTokensResult) {
-	n.forwardBatchOnce(ctx, v, items, remote, results, true)
+	n.forwardBatchOnce(routedBy(ctx, v.Epoch), v, items, remote, results, true)
 }
 
 func (n *Node) forwardBatchOnce(ctx context.Context, v *cluster.View, items []*pb.AcquireTokenRequest, remote map[string][]int, results []*pb.AcquireTokensResult, failover bool) {
@@ -335,7 +389,7 @@ func (n *Node) failoverBatch(ctx context.Context, v *cluster.View, items []*pb.A
 			continue
 		}
 		resp := new(pb.AcquireTokenResponse)
-		g, err := n.decide(ctx, t, v.Epoch, items[i], resp)
+		g, err := n.decide(asNextOwner(ctx), t, v.Epoch, items[i], resp)
 		if err != nil {
 			st := toStatus(err)
 			n.metrics.observeError(st.Code())

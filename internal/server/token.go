@@ -134,6 +134,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		acquire := func(ctx context.Context, c pb.TokenServiceClient) (*pb.AcquireTokenResponse, error) {
 			return c.AcquireToken(ctx, req)
 		}
+		ctx = routedBy(ctx, v.Epoch)
 		resp, err := tryOwner(ctx, s.n, owner, acquire)
 		if err == nil || !unreachable(err) {
 			return resp, err
@@ -146,6 +147,7 @@ func (s *tokenService) AcquireToken(ctx context.Context, req *pb.AcquireTokenReq
 		if !local {
 			return toOwner(avoiding(ctx, owner.ID), s.n, &next, acquire)
 		}
+		ctx = asNextOwner(ctx)
 	}
 	resp := new(pb.AcquireTokenResponse)
 	g, err := s.n.decide(ctx, s.n.data.Table(), v.Epoch, req, resp)
