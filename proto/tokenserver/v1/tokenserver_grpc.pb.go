@@ -60,8 +60,11 @@ const (
 //     sets it while a node's circuit breaker is open, and for a few seconds
 //     after members left its view.
 //   - `x-tokenserver-forwarded`: set by a node that forwards a call to the
-//     key's owner; such a call is served where it lands and never forwarded
-//     again. It counts only from a peer's certificate.
+//     key's owner, to the epoch of the view it routed the call by; such a
+//     call is served where it lands, unless the node there holds no bucket
+//     of the key and its newer view gives the key to another member (then
+//     it goes on to that owner, once per newer view). It counts only from
+//     a peer's certificate.
 //
 // A node that cannot decide yet (no routing view, or its Raft log not
 // replayed) answers UNAVAILABLE with a google.rpc.ErrorInfo of domain
@@ -191,8 +194,11 @@ func (c *tokenServiceClient) CommitToken(ctx context.Context, in *CommitTokenReq
 //     sets it while a node's circuit breaker is open, and for a few seconds
 //     after members left its view.
 //   - `x-tokenserver-forwarded`: set by a node that forwards a call to the
-//     key's owner; such a call is served where it lands and never forwarded
-//     again. It counts only from a peer's certificate.
+//     key's owner, to the epoch of the view it routed the call by; such a
+//     call is served where it lands, unless the node there holds no bucket
+//     of the key and its newer view gives the key to another member (then
+//     it goes on to that owner, once per newer view). It counts only from
+//     a peer's certificate.
 //
 // A node that cannot decide yet (no routing view, or its Raft log not
 // replayed) answers UNAVAILABLE with a google.rpc.ErrorInfo of domain

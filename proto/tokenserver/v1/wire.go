@@ -16,9 +16,12 @@ const (
 	// while a node's circuit breaker is open, and for a few seconds after
 	// members left its view.
 	AvoidHeader = "x-tokenserver-avoid"
-	// ForwardedHeader marks a call one node forwarded to another: it is
-	// served where it lands and never forwarded again. It counts only from
-	// a peer (a node's certificate).
+	// ForwardedHeader marks a call one node forwarded to another; its value
+	// is the epoch of the view the call was routed by ("1" if unknown). It
+	// is served where it lands, unless the node there holds no bucket of
+	// the key and its newer view gives the key to another member: then it
+	// goes on to that owner, once per newer view. It counts only from a
+	// peer (a node's certificate).
 	ForwardedHeader = "x-tokenserver-forwarded"
 	// PrincipalHeader carries, on a write a node forwards to another (a
 	// follower to the leader), the caller it forwards for. It counts only
