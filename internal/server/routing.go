@@ -147,8 +147,10 @@ func names(ctx context.Context, id string) bool {
 }
 
 // route returns the member that answers key when it is another node and
-// the call may be forwarded; nil when this node answers. A forwarded call is
-// answered where it lands (never forwarded again), but a key whose owner
+// the call may be forwarded; nil when this node answers. A caller's call
+// on a node that has not caught up is ErrNotReady (notCaughtUp). A
+// forwarded call is answered where it lands (route never forwards it; a
+// newer view may send it on, strayOwner), but a key whose owner
 // the forwarding node could not reach (its AvoidHeader names the owner) is
 // decided here only if this node finds that owner down too: a node cut off
 // from a healthy owner (a broken connection after a partition) must not
@@ -157,6 +159,9 @@ func names(ctx context.Context, id string) bool {
 // owner among the members not named. A new owner's question about a
 // key's state (HandoffHeader) is always answered here.
 func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster.Member, error) {
+	if !n.data.CaughtUp() && !forwarded(ctx) {
+		return nil, notCaughtUp()
+	}
 	if v.Len() == 0 {
 		if n.sole() {
 			return nil, nil
@@ -189,6 +194,15 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 	}
 	remote := owner // a copy: owner stays on the stack when this node owns the key
 	return &remote, nil
+}
+
+// notCaughtUp is the answer to a caller's call on a node still replaying
+// its Raft log after a start: its routing view is one of the past (the
+// views it replays), so it neither decides nor forwards by it. The
+// members do not route to it until it has caught up and rejoined the
+// view; a forwarded call is still answered (see route).
+func notCaughtUp() error {
+	return failf(ErrNotReady, "this node is still replaying its log; retry on another member")
 }
 
 // sole reports whether this node may decide every key without a routing

@@ -179,6 +179,9 @@ func (s *tokenService) AcquireTokens(ctx context.Context, req *pb.AcquireTokensR
 	s.n.metrics.batch.Observe(float64(len(items)))
 	v := s.n.data.View()
 	fwd := forwarded(ctx)
+	if !fwd && !s.n.data.CaughtUp() {
+		return nil, toError(notCaughtUp())
+	}
 	if v.Len() == 0 {
 		if !s.n.sole() {
 			return nil, toError(failf(ErrNotReady, "this node has no routing view yet; retry"))

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -184,5 +185,71 @@ func TestNotReadyNode(t *testing.T) {
 			t.Fatalf("batch, sole member: %v; want a decision, then NOT_READY for a rule the node may not have replayed yet", resp)
 		}
 		n.Stop()
+	}
+}
+
+// replayingNode is a Standalone still replaying its Raft log after a
+// start: its view (one of the past) names it, but it has not caught up.
+type replayingNode struct {
+	*Standalone
+	view *cluster.View
+}
+
+func (r *replayingNode) CaughtUp() bool      { return false }
+func (r *replayingNode) Ready() bool         { return false }
+func (r *replayingNode) View() *cluster.View { return r.view }
+
+// Regression (a trace of the rolling restart test: a restarted node
+// forwarded a batch routed by the view of epoch 4 while the cluster was at
+// epoch 20): a node still replaying its log routed callers' calls by the
+// views it replayed, deciding keys of a past view on fresh buckets or
+// sending them to members that no longer own them. Until it has caught up
+// it answers a caller NOT_READY (the members do not route to it before it
+// rejoins the view); a forwarded call is still answered.
+func TestReplayingNodeRefusesCallers(t *testing.T) {
+	store := inmem(t, 0)
+	if _, err := store.Put(context.Background(), &rule.Rule{Name: "r", Algorithm: bucket.TokenBucket, Limit: 5, Period: time.Second}, nil); err != nil {
+		t.Fatal(err)
+	}
+	past := cluster.NewView(4, []cluster.Member{{ID: "node-1", GRPCAddr: "x"}, {ID: "node-2", GRPCAddr: "127.0.0.1:1"}})
+	r := &replayingNode{Standalone: NewStandalone("node-1", "x", store), view: past}
+	n, err := New(DefaultConfig(), Deps{Data: r, Control: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	s := &tokenService{n: n}
+	mine, theirs := keyOf(t, past, "node-1"), keyOf(t, past, "node-2")
+	for _, tc := range []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"acquire of its own key", func(ctx context.Context) error {
+			_, err := s.AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "r", Key: mine})
+			return err
+		}},
+		{"acquire of another member's key", func(ctx context.Context) error {
+			_, err := s.AcquireToken(ctx, &pb.AcquireTokenRequest{Rule: "r", Key: theirs})
+			return err
+		}},
+		{"batch", func(ctx context.Context) error {
+			_, err := s.AcquireTokens(ctx, &pb.AcquireTokensRequest{Requests: []*pb.AcquireTokenRequest{{Rule: "r", Key: mine}, {Rule: "r", Key: theirs}}})
+			return err
+		}},
+		{"refill", func(ctx context.Context) error {
+			_, err := s.RefillToken(ctx, &pb.RefillTokenRequest{Rule: "r", Key: mine, GrantId: "g"})
+			return err
+		}},
+	} {
+		if err := tc.call(context.Background()); !isNotReady(err) {
+			t.Errorf("%s on a node replaying its log: %v, want Unavailable NOT_READY", tc.name, err)
+		}
+	}
+	if n.buckets.Live() != 0 {
+		t.Fatalf("%d buckets made by calls refused", n.buckets.Live())
+	}
+	fwd := metadata.NewIncomingContext(context.Background(), metadata.Pairs(ForwardedHeader, "4"))
+	if resp, err := s.AcquireToken(fwd, &pb.AcquireTokenRequest{Rule: "r", Key: mine}); err != nil || !resp.GetAllowed() {
+		t.Fatalf("forwarded acquire on a node replaying its log: %v, %v; want it answered", resp, err)
 	}
 }
