@@ -159,7 +159,7 @@ func names(ctx context.Context, id string) bool {
 // owner among the members not named. A new owner's question about a
 // key's state (HandoffHeader) is always answered here.
 func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster.Member, error) {
-	if !n.data.CaughtUp() && !forwarded(ctx) {
+	if !n.data.CaughtUp() && !forwarded(ctx) && !n.sole() {
 		return nil, notCaughtUp()
 	}
 	if v.Len() == 0 {
@@ -200,7 +200,9 @@ func (n *Node) route(ctx context.Context, v *cluster.View, key string) (*cluster
 // its Raft log after a start: its routing view is one of the past (the
 // views it replays), so it neither decides nor forwards by it. The
 // members do not route to it until it has caught up and rejoined the
-// view; a forwarded call is still answered (see route).
+// view; a forwarded call is still answered, and so is any call on a sole
+// member that has applied everything committed (sole), before its
+// readiness check latches.
 func notCaughtUp() error {
 	return failf(ErrNotReady, "this node is still replaying its log; retry on another member")
 }

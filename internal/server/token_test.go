@@ -199,6 +199,13 @@ func (r *replayingNode) CaughtUp() bool      { return false }
 func (r *replayingNode) Ready() bool         { return false }
 func (r *replayingNode) View() *cluster.View { return r.view }
 
+// Status lists both members of its view: it is not a sole member.
+func (r *replayingNode) Status() (Status, error) {
+	st, err := r.Standalone.Status()
+	st.Members = append(st.Members, MemberStatus{ID: "node-2"})
+	return st, err
+}
+
 // Regression (a trace of the rolling restart test: a restarted node
 // forwarded a batch routed by the view of epoch 4 while the cluster was at
 // epoch 20): a node still replaying its log routed callers' calls by the
