@@ -119,7 +119,8 @@ func (s *tokenService) commitHere(c *rule.Compiled, req *pb.CommitTokenRequest) 
 func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, local func() (R, error), remote func(context.Context, pb.TokenServiceClient) (R, error)) (R, error) {
 	var zero R
 	name := c.Rule.Name
-	if fromNewOwner(ctx) {
+	fe := forwardedEpoch(ctx)
+	if fe > 0 && asked(ctx) { // fromNewOwner
 		if held, _ := n.buckets.Held(name, key); !held {
 			if owner, ok := n.data.View().Owner(key); !ok || owner.ID != n.data.ID() {
 				return zero, n.notHere(name, key)
@@ -155,8 +156,8 @@ func settle[R any](ctx context.Context, n *Node, c *rule.Compiled, key string, l
 			}
 		}
 	}
-	if forwarded(ctx) { // (this node's own routing was just now, by its view)
-		if owner, stray := n.strayOwner(ctx, 0, name, key); stray {
+	if fe > 0 { // (this node's own routing was just now, by its view)
+		if owner, stray := n.strayOwner(ctx, fe, name, key); stray {
 			return toOwner(ctx, n, &owner, remote)
 		}
 	}

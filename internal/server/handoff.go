@@ -398,7 +398,13 @@ const handoffRetryAfter = 20 * time.Millisecond
 // forwarded call, whose marker counts only from peers when peers can be
 // told apart (dropForeignForward).
 func fromNewOwner(ctx context.Context) bool {
-	return forwarded(ctx) && len(metadata.ValueFromIncomingContext(ctx, HandoffHeader)) > 0
+	return forwarded(ctx) && asked(ctx)
+}
+
+// asked reports whether the call carries HandoffHeader; fromNewOwner is a
+// forwarded call that does.
+func asked(ctx context.Context) bool {
+	return len(metadata.ValueFromIncomingContext(ctx, HandoffHeader)) > 0
 }
 
 // oldOwnerAnswer is the Aborted an old owner answers with reason.
@@ -460,7 +466,8 @@ func (n *Node) stateElsewhere(ruleName, key string) (m cluster.Member, ok, outsi
 // strayOwner reports the member a decision or settlement of key under
 // ruleName goes to instead of this node, which holds no bucket of the key
 // and whose view gives it to that member, when the call was routed here
-// by an older view (epoch, or the forwarding node's forwardedEpoch): a
+// by an older view (routedBy: this node's view when it routed the call,
+// or the forwarding node's, forwardedEpoch): a
 // batch decided across a view change, or a forward from a node that has
 // not seen it yet. Made here, it would start a fresh bucket beside the
 // key's state on its owner (this node handed its bucket over and dropped
@@ -468,12 +475,9 @@ func (n *Node) stateElsewhere(ruleName, key string) (m cluster.Member, ok, outsi
 // as the key's next owner (asNextOwner, or an owner the caller names in
 // its AvoidHeader), nor on a node outside its own view (stateElsewhere).
 // Each such hop goes to a newer view, so a call cannot go round.
-func (n *Node) strayOwner(ctx context.Context, epoch uint64, ruleName, key string) (cluster.Member, bool) {
+func (n *Node) strayOwner(ctx context.Context, routedBy uint64, ruleName, key string) (cluster.Member, bool) {
 	v := n.data.View()
-	if fwd := forwardedEpoch(ctx); fwd > 0 {
-		epoch = fwd
-	}
-	if epoch >= v.Epoch || ctx.Value(nextOwnerKey{}) != nil {
+	if routedBy >= v.Epoch || ctx.Value(nextOwnerKey{}) != nil {
 		return cluster.Member{}, false // routed by this view (or a newer one)
 	}
 	self := n.data.ID()
@@ -505,7 +509,8 @@ func (n *Node) strayOwner(ctx context.Context, epoch uint64, ruleName, key strin
 // (HandoffHeader), a key it holds no state for is NotHereReason.
 func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64, req *pb.AcquireTokenRequest, resp *pb.AcquireTokenResponse) (bool, error) {
 	name, key := req.GetRule(), req.GetKey()
-	if fromNewOwner(ctx) {
+	fe := forwardedEpoch(ctx)
+	if fe > 0 && asked(ctx) { // fromNewOwner
 		if held, _ := n.buckets.Held(name, key); !held {
 			if owner, ok := n.data.View().Owner(key); !ok || owner.ID != n.data.ID() {
 				return true, n.notHere(name, key)
@@ -515,6 +520,9 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	}
 	old, ok, outside := n.stateElsewhere(name, key)
 	if !ok {
+		if fe > 0 {
+			epoch = fe // routed by the forwarding node's view
+		}
 		owner, stray := n.strayOwner(ctx, epoch, name, key)
 		if !stray {
 			return false, nil

@@ -46,10 +46,15 @@ func forwarded(ctx context.Context) bool {
 
 // forwardedEpoch is the epoch of the view by which the node that
 // forwarded the call routed it (the value of its ForwardedHeader; 1 from
-// a node that does not say, 0 for a call not forwarded).
+// a node that does not say, 0 for a call not forwarded). It reads the
+// metadata once: a decision asks it, not forwarded, once.
 func forwardedEpoch(ctx context.Context) uint64 {
-	var e uint64
-	for _, v := range metadata.ValueFromIncomingContext(ctx, ForwardedHeader) {
+	vals := metadata.ValueFromIncomingContext(ctx, ForwardedHeader)
+	if len(vals) == 0 {
+		return 0
+	}
+	e := uint64(1)
+	for _, v := range vals {
 		if u, err := strconv.ParseUint(v, 10, 64); err == nil {
 			e = max(e, u)
 		}
