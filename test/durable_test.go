@@ -58,16 +58,19 @@ func (c *procCluster) metricSum(id, name string) float64 {
 	return sum
 }
 
-// view returns node id's routing view once it lists every node.
+// fullView returns node id's routing view once it lists every node and
+// id is ready (caught up with the Raft log: as an operator waits for
+// /readyz after a restart, since a node still replaying its log answers
+// callers NOT_READY).
 func (c *procCluster) fullView(id string) *pb.ClusterView {
 	c.t.Helper()
 	var v *pb.ClusterView
-	c.waitFor("a view of every node on "+id, 30*time.Second, func() bool {
+	c.waitFor("a view of every node on "+id+", ready", 30*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		var err error
 		v, err = c.token(id).GetClusterView(ctx, &pb.GetClusterViewRequest{})
-		return err == nil && len(v.GetMembers()) == len(c.ids)
+		return err == nil && len(v.GetMembers()) == len(c.ids) && v.GetReady()
 	})
 	return v
 }
