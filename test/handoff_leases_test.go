@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenserver/tokenserver/client"
@@ -213,9 +215,10 @@ func (q *leaseLoad) round(via string, tc pb.TokenServiceClient, round int) {
 	resp, err := tc.AcquireTokens(ctx, &pb.AcquireTokensRequest{Requests: items})
 	cancel()
 	q.mu.Lock()
-	if err != nil && strings.Contains(err.Error(), "no routing view yet") {
-		// A node that has just started refuses before it decides
-		// anything: nothing was granted.
+	if notReady(err) {
+		// A node that has just started (no routing view yet, or its
+		// log not replayed) refuses before it decides anything:
+		// nothing was granted.
 		q.mu.Unlock()
 		return
 	}
@@ -389,4 +392,19 @@ func (q *leaseLoad) check(t *testing.T, what string) {
 	if n := q.sdkFallback.Load(); n > 0 {
 		t.Errorf("leases: the SDK decided %d lease acquires without a server", n)
 	}
+}
+
+// notReady reports whether err is a node's NOT_READY: it was reached and
+// decided nothing.
+func notReady(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == pb.NotReadyReason {
+			return true
+		}
+	}
+	return false
 }
