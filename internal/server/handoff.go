@@ -520,10 +520,11 @@ func (n *Node) handoffDecide(ctx context.Context, c *rule.Compiled, epoch uint64
 	}
 	old, ok, outside := n.stateElsewhere(name, key)
 	if !ok {
+		routed := epoch
 		if fe > 0 {
-			epoch = fe // routed by the forwarding node's view
+			routed = fe // routed by the forwarding node's view
 		}
-		owner, stray := n.strayOwner(ctx, epoch, name, key)
+		owner, stray := n.strayOwner(ctx, routed, name, key)
 		if !stray {
 			return false, nil
 		}
